@@ -1,0 +1,31 @@
+"""Condition types and reasons the operator writes (metav1.Condition vocabulary)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- types -----------------------------------------------------------------------------------
+CREATED: Final = "Created"            # children (service, rendezvous store, workers) exist
+RUNNING: Final = "Running"            # at least minReplicas workers are running the trainer
+RESTARTING: Final = "Restarting"      # the job is below minReplicas and replacing workers
+SUSPENDED: Final = "Suspended"        # spec.suspend is true and no worker runs
+SUCCEEDED: Final = "Succeeded"        # every worker's trainer finished (terminal)
+FAILED: Final = "Failed"              # the job gave up (terminal)
+VALID: Final = "Valid"                # the spec passed the checks CEL cannot express
+
+# --- reasons ---------------------------------------------------------------------------------
+JOB_CREATED: Final = "JobCreated"                      # children created for the first time
+WORKERS_RUNNING: Final = "WorkersRunning"              # >= minReplicas workers running
+WORKERS_PENDING: Final = "WorkersPending"              # waiting for workers to be scheduled
+BELOW_MIN_REPLICAS: Final = "BelowMinReplicas"         # fewer than minReplicas workers alive
+WORKER_PREEMPTED: Final = "WorkerPreempted"            # a worker was lost to a disruption
+WORKER_FAILED: Final = "WorkerFailed"                  # a worker exited non-zero on its own
+BACKOFF: Final = "Backoff"                             # waiting before replacing a failed worker
+JOB_SUSPENDED: Final = "JobSuspended"                  # spec.suspend set; workers deleted
+JOB_RESUMED: Final = "JobResumed"                      # spec.suspend cleared; workers recreated
+ALL_WORKERS_SUCCEEDED: Final = "AllWorkersSucceeded"   # every worker exited 0 after training
+MAX_RESTARTS_EXCEEDED: Final = "MaxRestartsExceeded"   # restarts > restartPolicy.maxRestarts
+MAX_PREEMPTIONS_EXCEEDED: Final = "MaxPreemptionsExceeded"  # preemptions > maxPreemptions
+DEADLINE_EXCEEDED: Final = "DeadlineExceeded"          # activeDeadlineSeconds elapsed
+INVALID_SPEC: Final = "InvalidSpec"                    # spec failed a check CEL cannot express
+SPEC_VALID: Final = "SpecValid"                        # spec passed every check

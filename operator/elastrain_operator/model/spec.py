@@ -1,0 +1,300 @@
+"""TrainingJob spec: what a user asks for.
+
+Field names follow what users know from Kubeflow's PyTorchJob and JobSet (`minReplicas`,
+`maxReplicas`, `ttlSecondsAfterFinished`, `activeDeadlineSeconds`, `suspend`), with units in
+names. Limits are bounded so every CEL rule stays inside the apiserver's cost budget.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from elastrain_operator.model.base import ApiModel, cel, immutable, k8s
+from elastrain_operator.model.status import TrainingJobStatus
+
+API_GROUP = "elastrain.dev"
+API_VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj",)
+CATEGORIES = ("elastrain",)
+
+# Upper bound for an elastic job without maxReplicas; also the CRD's bound on replica counts.
+MAX_WORKERS = 1024
+
+# s3://<bucket>[/<prefix>] (S3 bucket naming rules) or file://<path>.
+CHECKPOINT_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+)$"
+CHECKPOINT_URI_MESSAGE = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] or file://<path>"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+ShortStr = Annotated[str, Field(max_length=253)]
+ArgStr = Annotated[str, Field(max_length=4096)]
+LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
+AnnotationMap = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
+# An opaque Kubernetes object (affinity, a volume...) passed through to the pod as written;
+# the apiserver validates it when the pod is created, so we do not embed PodSpec's schema.
+Opaque = Annotated[dict[str, Any], Field(json_schema_extra=k8s(x_kubernetes_preserve_unknown_fields=True))]
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra=k8s(x_kubernetes_int_or_string=True, pattern=QUANTITY)),
+]
+
+
+class EnvVar(ApiModel):
+    """A container environment variable, as in a PodSpec."""
+
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = Field(default=None, max_length=32768)
+    value_from: Opaque | None = None
+
+
+class Resources(ApiModel):
+    """Per-worker compute resources (requests and limits), e.g. {"cpu": "2", "nvidia.com/gpu": 8}."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+
+
+class Toleration(ApiModel):
+    """A pod toleration (spot node pools are usually tainted)."""
+
+    key: str | None = Field(default=None, max_length=253)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class PodTemplateOverride(ApiModel):
+    """The narrow part of a PodSpec a user may set on worker pods."""
+
+    labels: LabelMap = Field(default_factory=dict)
+    annotations: AnnotationMap = Field(default_factory=dict)
+    node_selector: LabelMap = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    affinity: Opaque | None = None
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    scheduler_name: str | None = Field(default=None, max_length=253)
+    service_account_name: str | None = Field(default=None, max_length=253, pattern=DNS_LABEL)
+    volumes: list[Opaque] = Field(default_factory=list, max_length=32)
+    volume_mounts: list[Opaque] = Field(default_factory=list, max_length=32)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=8)
+
+
+class TrainerSpec(ApiModel):
+    """Settings of the built-in trainer; passed to it as ELASTRAIN_* environment variables."""
+
+    model: Literal["gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b"] = Field(
+        default="gpt-tiny", json_schema_extra=k8s(immutable("spec.trainer.model")))
+    dataset: Literal["synthetic", "text"] = "synthetic"
+    steps: int = Field(default=100, ge=1, le=10_000_000)
+    seq_len: int = Field(default=128, ge=8, le=65_536,
+                         json_schema_extra=k8s(immutable("spec.trainer.seqLen")))
+    global_batch_size: int = Field(default=8, ge=1, le=1_048_576)
+    micro_batch_size: int = Field(default=2, ge=1, le=65_536)
+    lr: float = Field(default=3e-4, gt=0, le=10)
+    min_lr: float = Field(default=3e-5, ge=0, le=10)
+    warmup_steps: int = Field(default=10, ge=0, le=10_000_000)
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"
+    decay_fraction: float = Field(default=0.2, gt=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0, le=10)
+    precision: Literal["bf16", "fp16", "fp32"] = "fp32"
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    max_grad_norm: float = Field(default=1.0, ge=0)
+    spike_factor: float = Field(default=0.0, ge=0)
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+
+
+class SecretKeyRefs(ApiModel):
+    """Where the object-store credentials live: a Secret in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_LABEL)
+    access_key_id_key: str = Field(default="AWS_ACCESS_KEY_ID", max_length=253)
+    secret_access_key_key: str = Field(default="AWS_SECRET_ACCESS_KEY", max_length=253)
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often the trainer saves sharded checkpoints."""
+
+    uri: str = Field(
+        max_length=1024,
+        json_schema_extra=k8s(
+            cel(f"self.matches('{CHECKPOINT_URI}')", CHECKPOINT_URI_MESSAGE),
+            immutable("spec.checkpoint.uri"),
+        ),
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=1024,
+        json_schema_extra=k8s(cel("self.startsWith('http://') || self.startsWith('https://')",
+                                  "spec.checkpoint.endpoint must be an http:// or https:// URL")),
+    )
+    region: str | None = Field(default=None, max_length=64)
+    credentials_secret: SecretKeyRefs | None = None
+    interval_steps: int = Field(default=0, ge=0, le=10_000_000)
+    interval_seconds: int = Field(default=600, ge=0, le=604_800)
+    keep: int = Field(default=3, ge=1, le=1000)
+    async_: bool = Field(default=True, alias="async")
+
+    @model_validator(mode="after")
+    def _uri_shape(self) -> CheckpointSpec:
+        if not re.match(CHECKPOINT_URI, self.uri):
+            raise ValueError(CHECKPOINT_URI_MESSAGE)
+        return self
+
+
+class RendezvousStore(ApiModel):
+    """Placement of the job's rendezvous store pod: put it on a node that is not preempted."""
+
+    image: str | None = Field(default=None, max_length=512)
+    node_selector: LabelMap = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    priority_class_name: str | None = Field(default=None, max_length=253)
+
+
+class RendezvousSpec(ApiModel):
+    """c10d rendezvous settings; the store runs in a pod of its own, never inside a worker."""
+
+    port: int = Field(default=29400, ge=1024, le=65535)
+    join_timeout_seconds: int = Field(default=600, ge=1, le=86_400)
+    last_call_timeout_seconds: int = Field(default=1, ge=0, le=3600)
+    keep_alive_interval_seconds: int = Field(default=1, ge=1, le=600)
+    keep_alive_max_attempts: int = Field(default=3, ge=1, le=100)
+    store: RendezvousStore = Field(default_factory=RendezvousStore)
+
+
+class RestartPolicy(ApiModel):
+    """Separate budgets: failures of the job's own making vs preemptions by the platform."""
+
+    max_restarts: int = Field(default=3, ge=0, le=10_000)
+    max_preemptions: int | None = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Preemptions tolerated before the job fails; unset means unlimited.")
+    backoff_seconds: int = Field(default=10, ge=0, le=3600)
+    max_backoff_seconds: int = Field(default=300, ge=0, le=86_400)
+
+
+_SPEC_RULES = k8s(
+    cel("self.minReplicas <= self.replicas",
+        "spec.replicas must be >= spec.minReplicas", field_path=".replicas"),
+    cel("!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+        "spec.replicas must be <= spec.maxReplicas", field_path=".replicas"),
+    cel("!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+        "spec.minReplicas must be <= spec.maxReplicas", field_path=".minReplicas"),
+    cel("has(self.maxReplicas) == has(oldSelf.maxReplicas)",
+        "spec.maxReplicas is immutable: it cannot be added or removed after creation",
+        field_path=".maxReplicas", reason="FieldValueForbidden"),
+    cel("self.strategy == 'fsdp' || !self.trainer.cpuOffload",
+        "spec.trainer.cpuOffload requires spec.strategy fsdp", field_path=".trainer.cpuOffload"),
+    cel("self.trainer.minLr <= self.trainer.lr",
+        "spec.trainer.minLr must be <= spec.trainer.lr", field_path=".trainer.minLr"),
+    cel("self.trainer.globalBatchSize % self.trainer.microBatchSize == 0",
+        "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize",
+        field_path=".trainer.globalBatchSize"),
+    cel("!has(self.command) || size(self.command) > 0",
+        "spec.command must not be empty when set", field_path=".command"),
+)
+
+
+class TrainingJobSpec(ApiModel):
+    """A desired elastic training job."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": _SPEC_RULES}
+
+    image: str = Field(min_length=1, max_length=512)
+    command: list[ArgStr] | None = Field(
+        default=None, max_length=64,
+        description="Container command; unset runs the built-in trainer under torchrun.")
+    args: list[ArgStr] = Field(default_factory=list, max_length=256)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    replicas: int = Field(default=1, ge=1, le=MAX_WORKERS, description="Desired workers (pods).")
+    min_replicas: int = Field(default=1, ge=1, le=MAX_WORKERS,
+                              json_schema_extra=k8s(immutable("spec.minReplicas")))
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=MAX_WORKERS,
+        json_schema_extra=k8s(immutable("spec.maxReplicas")),
+        description="Most workers the job may scale to; unset means no upper bound.")
+    nproc_per_node: int | Literal["auto"] = Field(
+        default=1,
+        json_schema_extra=k8s(
+            cel("type(self) == string ? self == 'auto' : (self >= 1 && self <= 64)",
+                "spec.nprocPerNode must be an integer in [1, 64] or \"auto\""),
+            immutable("spec.nprocPerNode"),
+            x_kubernetes_int_or_string=True,
+        ),
+    )
+    resources: Resources = Field(default_factory=Resources)
+    strategy: Literal["ddp", "fsdp"] = Field(
+        default="ddp", json_schema_extra=k8s(immutable("spec.strategy")))
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    checkpoint: CheckpointSpec | None = None
+    rendezvous: RendezvousSpec = Field(
+        default_factory=RendezvousSpec, json_schema_extra=k8s(immutable("spec.rendezvous")))
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    termination_grace_period_seconds: int = Field(default=120, ge=0, le=3600)
+    template: PodTemplateOverride = Field(default_factory=PodTemplateOverride)
+    metrics_port: int = Field(
+        default=9400, ge=0, le=65535,
+        description="Port of the trainer's /metrics and /progress; 0 turns progress polling off.")
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=31_536_000)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=31_536_000)
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> TrainingJobSpec:
+        # The same rules as the CRD's CEL, so objects built in Python fail the same way.
+        if self.min_replicas > self.replicas:
+            raise ValueError("spec.replicas must be >= spec.minReplicas")
+        if self.max_replicas is not None and self.replicas > self.max_replicas:
+            raise ValueError("spec.replicas must be <= spec.maxReplicas")
+        if self.trainer.global_batch_size % self.trainer.micro_batch_size:
+            raise ValueError(
+                "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize")
+        if self.trainer.cpu_offload and self.strategy != "fsdp":
+            raise ValueError("spec.trainer.cpuOffload requires spec.strategy fsdp")
+        if self.trainer.min_lr > self.trainer.lr:
+            raise ValueError("spec.trainer.minLr must be <= spec.trainer.lr")
+        return self
+
+    @property
+    def effective_max_replicas(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else MAX_WORKERS
+
+    @property
+    def desired_workers(self) -> int:
+        """spec.replicas clamped to [minReplicas, maxReplicas]."""
+        return max(self.min_replicas, min(self.replicas, self.effective_max_replicas))
+
+
+class ObjectMeta(ApiModel):
+    """The slice of metadata the operator reads."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    name: str = Field(max_length=63)
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+
+
+class TrainingJob(ApiModel):
+    """A whole TrainingJob object as read from the apiserver."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    kind: Literal["TrainingJob"] = KIND
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)

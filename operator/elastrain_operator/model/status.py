@@ -1,0 +1,72 @@
+"""TrainingJob status: what the operator observed and the trainer reported.
+
+Everything the operator writes is declared here: a structural status schema silently prunes
+undeclared fields. kopf keeps its own progress in annotations, not in status.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from elastrain_operator.model.base import ApiModel, k8s
+
+Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int = Field(default=0, ge=0)
+
+
+class CheckpointRef(ApiModel):
+    """The newest committed checkpoint the trainer reported."""
+
+    step: int = Field(ge=0)
+    uri: str = Field(default="", max_length=2048)
+    time: datetime | None = None
+
+
+class Progress(ApiModel):
+    """Training progress reported by the trainer."""
+
+    step: int = Field(default=0, ge=0)
+    total_steps: int = Field(default=0, ge=0)
+    loss: float | None = None
+
+
+class TrainingJobStatus(ApiModel):
+    """Observed state of a TrainingJob."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    phase: Phase = "Pending"
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=32,
+        json_schema_extra=k8s(x_kubernetes_list_type="map", x_kubernetes_list_map_keys=["type"]))
+    replicas: int = Field(default=0, ge=0, description="Desired workers right now.")
+    ready_replicas: int = Field(default=0, ge=0, description="Workers whose pod is Ready.")
+    workers: str = Field(default="", max_length=32,
+                         description="Ready/desired workers, e.g. 3/4 (a printer column).")
+    pending_replicas: int = Field(
+        default=0, ge=0, description="Workers created but not scheduled or started.")
+    selector: str = Field(default="", max_length=1024,
+                          description="Serialized label selector of the workers (scale subresource).")
+    restarts: int = Field(default=0, ge=0, description="Worker failures counted against maxRestarts.")
+    preemptions: int = Field(default=0, ge=0, description="Workers lost to preemption or disruption.")
+    restart_backoff_until: datetime | None = Field(
+        default=None, description="No failed worker is replaced before this time.")
+    last_checkpoint: CheckpointRef | None = None
+    progress: Progress | None = None
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    observed_generation: int = Field(default=0, ge=0)

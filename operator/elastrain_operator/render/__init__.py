@@ -1,0 +1,1 @@
+"""Pure renderers: typed models in, Kubernetes manifests (plain dicts) out."""

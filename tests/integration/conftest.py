@@ -1,0 +1,37 @@
+"""Integration fixtures shared by operator tests: the TrainingJob CRD on the real apiserver."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "trainingjobs.elastrain.dev.yaml"
+
+
+def kubectl(kube: Any, *args: str, input_text: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run kubectl against the test cluster."""
+    return subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), *args],
+                          input=input_text, capture_output=True, text=True, check=check,
+                          timeout=120)
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Any) -> Iterator[Any]:
+    """The TrainingJob CRD applied and Established on the test apiserver."""
+    kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/trainingjobs.elastrain.dev")
+    # Discovery lags Established by a moment; wait until `kubectl get tj` resolves the kind.
+    deadline = time.monotonic() + 30
+    while kubectl(kube, "get", "tj", "-A", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail("TrainingJob kind never appeared in discovery")
+        time.sleep(0.5)
+    yield kube

@@ -1,0 +1,79 @@
+"""The TrainingJob models: defaults, aliases, and the checks that mirror the CRD's CEL rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from elastrain_operator.model.spec import MAX_WORKERS, TrainingJob, TrainingJobSpec
+from tests.unit.operator.builders import make_job_manifest
+
+
+def spec(**overrides: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate(make_job_manifest(**overrides)["spec"])
+
+
+def test_defaults_are_filled_in() -> None:
+    s = TrainingJobSpec.model_validate({"image": "img"})
+    assert s.replicas == 1 and s.min_replicas == 1 and s.max_replicas is None
+    assert s.strategy == "ddp"
+    assert s.nproc_per_node == 1
+    assert s.trainer.model == "gpt-tiny" and s.trainer.precision == "fp32"
+    assert s.rendezvous.port == 29400 and s.rendezvous.last_call_timeout_seconds == 1
+    assert s.restart_policy.max_restarts == 3 and s.restart_policy.max_preemptions is None
+    assert s.checkpoint is None and s.suspend is False
+    assert s.metrics_port == 9400
+
+
+def test_camel_case_round_trip() -> None:
+    s = spec(trainer={"globalBatchSize": 16, "microBatchSize": 4, "lrSchedule": "wsd"},
+             checkpoint={"uri": "s3://bucket/run", "async": False, "intervalSteps": 50},
+             restartPolicy={"maxPreemptions": 7})
+    dumped = s.to_api()
+    assert dumped["trainer"]["globalBatchSize"] == 16
+    assert dumped["checkpoint"] == {
+        "uri": "s3://bucket/run", "intervalSteps": 50, "intervalSeconds": 600, "keep": 3,
+        "async": False}
+    assert dumped["restartPolicy"]["maxPreemptions"] == 7
+    assert TrainingJobSpec.model_validate(dumped) == s
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"replicas": 0}, "replicas"),
+    ({"replicas": 5}, "spec.replicas must be <= spec.maxReplicas"),
+    ({"replicas": 1, "minReplicas": 2}, "spec.replicas must be >= spec.minReplicas"),
+    ({"strategy": "zero3"}, "strategy"),
+    ({"nprocPerNode": "all"}, "nprocPerNode"),
+    ({"trainer": {"globalBatchSize": 10, "microBatchSize": 4}}, "globalBatchSize"),
+    ({"trainer": {"cpuOffload": True}}, "cpuOffload requires spec.strategy fsdp"),
+    ({"trainer": {"lr": 1e-4, "minLr": 1e-3}}, "minLr"),
+    ({"checkpoint": {"uri": "s3:///nobucket"}}, "spec.checkpoint.uri must be"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_invalid_specs_fail_with_the_field_named(overrides: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        spec(**overrides)
+    assert needle in str(err.value)
+
+
+def test_desired_workers_is_clamped() -> None:
+    assert spec(replicas=3).desired_workers == 3
+    unbounded = TrainingJobSpec.model_validate({"image": "i", "replicas": 9})
+    assert unbounded.effective_max_replicas == MAX_WORKERS
+    assert unbounded.desired_workers == 9
+
+
+def test_whole_object_parses_and_ignores_server_metadata() -> None:
+    manifest = make_job_manifest()
+    manifest["metadata"].update({"uid": "u-1", "generation": 3, "resourceVersion": "77",
+                                 "managedFields": []})
+    manifest["status"] = {"phase": "Running", "restarts": 2,
+                          "conditions": [{"type": "Running", "status": "True",
+                                          "reason": "WorkersRunning",
+                                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    job = TrainingJob.model_validate(manifest)
+    assert job.metadata.uid == "u-1" and job.metadata.generation == 3
+    assert job.status.phase == "Running" and job.status.restarts == 2
+    assert job.status.conditions[0].reason == "WorkersRunning"
