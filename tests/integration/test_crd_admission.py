@@ -27,10 +27,7 @@ def set_path(path: str, value: Any) -> Mutation:
         node: Any = manifest["spec"]
         keys = path.replace("[", ".[").split(".")
         for key in keys[:-1]:
-            if key.startswith("["):
-                node = node[int(key[1:-1])]
-            else:
-                node = node.setdefault(key, {})
+            node = node[int(key[1:-1])] if key.startswith("[") else node.setdefault(key, {})
         node[keys[-1]] = value
     return mutate
 

@@ -30,7 +30,8 @@ MAX_WORKERS = 1024
 CHECKPOINT_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+)$"
 CHECKPOINT_URI_MESSAGE = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] or file://<path>"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+            r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
 ShortStr = Annotated[str, Field(max_length=253)]
 ArgStr = Annotated[str, Field(max_length=4096)]
@@ -38,7 +39,8 @@ LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_
 AnnotationMap = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
 # An opaque Kubernetes object (affinity, a volume...) passed through to the pod as written;
 # the apiserver validates it when the pod is created, so we do not embed PodSpec's schema.
-Opaque = Annotated[dict[str, Any], Field(json_schema_extra=k8s(x_kubernetes_preserve_unknown_fields=True))]
+Opaque = Annotated[
+    dict[str, Any], Field(json_schema_extra=k8s(x_kubernetes_preserve_unknown_fields=True))]
 Quantity = Annotated[
     int | str,
     Field(json_schema_extra=k8s(x_kubernetes_int_or_string=True, pattern=QUANTITY)),
@@ -54,7 +56,7 @@ class EnvVar(ApiModel):
 
 
 class Resources(ApiModel):
-    """Per-worker compute resources (requests and limits), e.g. {"cpu": "2", "nvidia.com/gpu": 8}."""
+    """Per-worker compute resources, e.g. limits {"cpu": "2", "nvidia.com/gpu": 8}."""
 
     requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
     limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
@@ -294,7 +296,7 @@ class TrainingJob(ApiModel):
     model_config = ApiModel.model_config | {"extra": "ignore"}
 
     api_version: str = f"{API_GROUP}/{API_VERSION}"
-    kind: Literal["TrainingJob"] = KIND
+    kind: Literal["TrainingJob"] = "TrainingJob"
     metadata: ObjectMeta
     spec: TrainingJobSpec
     status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)

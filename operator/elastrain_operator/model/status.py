@@ -15,14 +15,18 @@ from elastrain_operator.model.base import ApiModel, k8s
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 ConditionStatus = Literal["True", "False", "Unknown"]
+# The patterns metav1.Condition declares.
+CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
 class Condition(ApiModel):
     """A metav1.Condition."""
 
-    type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE)
     status: ConditionStatus
-    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON)
     message: str = Field(default="", max_length=32768)
     last_transition_time: datetime
     observed_generation: int = Field(default=0, ge=0)
@@ -59,10 +63,13 @@ class TrainingJobStatus(ApiModel):
                          description="Ready/desired workers, e.g. 3/4 (a printer column).")
     pending_replicas: int = Field(
         default=0, ge=0, description="Workers created but not scheduled or started.")
-    selector: str = Field(default="", max_length=1024,
-                          description="Serialized label selector of the workers (scale subresource).")
-    restarts: int = Field(default=0, ge=0, description="Worker failures counted against maxRestarts.")
-    preemptions: int = Field(default=0, ge=0, description="Workers lost to preemption or disruption.")
+    selector: str = Field(
+        default="", max_length=1024,
+        description="Serialized label selector of the workers (scale subresource).")
+    restarts: int = Field(default=0, ge=0,
+                          description="Worker failures counted against maxRestarts.")
+    preemptions: int = Field(default=0, ge=0,
+                             description="Workers lost to preemption or disruption.")
     restart_backoff_until: datetime | None = Field(
         default=None, description="No failed worker is replaced before this time.")
     last_checkpoint: CheckpointRef | None = None

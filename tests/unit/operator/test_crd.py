@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from elastrain_operator.render.crd import build_crd, render_crd_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
