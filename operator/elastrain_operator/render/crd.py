@@ -55,7 +55,9 @@ def _strip_null(node: Schema) -> Schema:
 
 def structural(node: Schema, defs: Schema, *, required: bool = True) -> Schema:
     """Convert one pydantic JSON Schema node (and its children) into a structural schema."""
-    node = _resolve(_strip_null(_resolve(node, defs)), defs)
+    resolved = _resolve(node, defs)
+    node = _resolve(_strip_null(resolved), defs)
+    optional = node is not resolved  # `X | None`: absent means "not configured", so no default
     out: Schema = {}
     for key, value in node.items():
         if key in _DROP:
@@ -70,6 +72,10 @@ def structural(node: Schema, defs: Schema, *, required: bool = True) -> Schema:
             out[key] = structural(value, defs)
         elif key == "additionalProperties" and isinstance(value, bool):
             continue  # closed objects are pruned by the apiserver; open ones preserve fields
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            # JSON Schema 2020-12 gives the bound; OpenAPI v3.0 a flag beside minimum/maximum.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key == "anyOf":
             # int-or-string: the apiserver only accepts exactly this pair of bare types.
             out[key] = [{"type": o["type"]} for o in value]
@@ -78,8 +84,8 @@ def structural(node: Schema, defs: Schema, *, required: bool = True) -> Schema:
     if out.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
     # A nested object with defaults inside gets `default: {}`, so the apiserver fills them in.
-    if (not required and "properties" in out and "default" not in out
-            and out.get("type") == "object"):
+    if (not required and not optional and "properties" in out and "default" not in out
+            and not out.get("required") and out.get("type") == "object"):
         out["default"] = {}
     return out
 

@@ -38,6 +38,8 @@ def test_schema_is_structural() -> None:
             assert node.get("x-kubernetes-int-or-string") is True, path
             assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
         assert node.get("type") != "null", path
+        for flag in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(flag, True) is True, path  # OpenAPI v3.0: a boolean
 
 
 def test_every_cel_rule_names_a_field() -> None:
