@@ -1,0 +1,57 @@
+"""The `elastrain` command: offline validation names the field; the embedded job is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from elastrain_cli.__main__ import main
+from tests.unit.operator.builders import make_job_manifest
+
+
+def write(tmp_path: Path, manifest: object) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return str(path)
+
+
+def test_validate_accepts_a_valid_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", write(tmp_path, make_job_manifest("ok"))]) == 0
+    assert "TrainingJob ok is valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"replicas": 9}, "spec: spec.replicas must be <= spec.maxReplicas"),
+    ({"trainer": {"lr": -1}}, "spec.trainer.lr: Input should be greater than 0"),
+    ({"env": [{"value": "x"}]}, "spec.env[0].name: Field required"),
+    ({"checkpoint": {"uri": "gs://b/p"}}, "spec.checkpoint.uri must be s3://"),
+])
+def test_validate_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  overrides: dict[str, object], expected: str) -> None:
+    assert main(["validate", write(tmp_path, make_job_manifest("bad", **overrides))]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_validate_refuses_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", write(tmp_path, {"kind": "Pod"})]) == 2
+    assert "expected a manifest of kind TrainingJob" in capsys.readouterr().err
+
+
+def test_embedded_default_job_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    from elastrain_cli.__main__ import _job_source
+    from elastrain_cli.commands import parse_job
+
+    job = parse_job(*_job_source(None))
+    assert job.metadata.name == "demo" and job.spec.replicas == 2
+    assert job.spec.checkpoint is not None and job.spec.checkpoint.uri.startswith("file://")
+
+
+def test_crds_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crds"]) == 0
+    from elastrain_operator.render.crd import render_crd_yaml
+
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed)["metadata"]["name"] == "trainingjobs.elastrain.dev"
+    assert printed == render_crd_yaml()
