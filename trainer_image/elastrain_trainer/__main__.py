@@ -1,0 +1,48 @@
+# ruff: noqa: E501 - the torchrun line below is meant to be copied whole
+"""Entry point of the built-in trainer. Run one agent per node with:
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun \\
+        --nnodes=1:4 --nproc-per-node=1 --max-restarts=1000 --monitor-interval=0.5 \\
+        --rdzv-backend=c10d --rdzv-endpoint=$STORE_HOST:29400 --rdzv-id=$JOB_UID \\
+        --rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,keep_alive_max_attempt=3 \\
+        -m elastrain_trainer [--steps N --checkpoint-uri s3://bucket/prefix --resume-from URI ...]
+
+(every torchrun option above can come from PET_* variables instead; the trainer reads the
+ELASTRAIN_* variables documented in config.py, and a flag overrides its variable).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from elastrain_trainer.config import TrainerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = TrainerConfig.from_env(os.environ, sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"elastrain_trainer: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    from elastrain_trainer.train import run
+
+    try:
+        return run(cfg)
+    except ValueError as e:
+        print(f"elastrain_trainer: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A background upload blocked on a dead peer must not keep a failed worker alive:
+    # torchrun restarts the group only once this process is gone.
+    os._exit(code)

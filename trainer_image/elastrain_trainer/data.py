@@ -1,0 +1,119 @@
+"""Datasets addressed by GLOBAL sample index, and the split of a global batch across ranks.
+
+The sample order is a function of (seed, global index) only. Step s consumes the global
+indices [samples_seen, samples_seen + global_batch), so a resumed run (at any world size)
+sees exactly the samples an uninterrupted run would have seen; the data position saved
+in a checkpoint is just `samples_seen`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Protocol
+
+import torch
+
+from elastrain_trainer.model import VOCAB_SIZE
+
+# Large odd multiplier so neighbouring (seed, index) pairs give unrelated generator seeds.
+_MIX = 0x9E3779B97F4A7C15
+_WORDS = (
+    "the", "a", "one", "every", "some", "wind", "river", "stone", "light", "ship", "crew",
+    "engine", "model", "worker", "node", "step", "checkpoint", "cluster", "signal", "night",
+    "morning", "storm", "harbour", "valley", "train", "learns", "waits", "saves", "resumes",
+    "sails", "carries", "rests", "shines", "falls", "rises", "quickly", "slowly", "again",
+    "together", "alone", "under", "over", "beside", "through", "across", "before", "after",
+    "while", "because", "and", "but", "so", "then",
+)
+
+
+class Dataset(Protocol):
+    """An endless sequence of token windows of length seq_len + 1 (input and shifted target)."""
+
+    def sample(self, index: int) -> torch.Tensor: ...
+
+    def epoch_of(self, index: int) -> int: ...
+
+
+class SyntheticDataset:
+    """Arithmetic byte sequences (start, stride drawn per sample): learnable and deterministic."""
+
+    def __init__(self, seq_len: int, seed: int) -> None:
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def sample(self, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed((self.seed * _MIX + index) % 2**63)
+        start, stride = torch.randint(0, VOCAB_SIZE, (2,), generator=g).tolist()
+        stride = 1 + stride % 15
+        t = torch.arange(self.seq_len + 1)
+        row: torch.Tensor = (start + stride * t) % VOCAB_SIZE
+        return row
+
+    def epoch_of(self, index: int) -> int:
+        return 0
+
+
+class TextDataset:
+    """Byte-level windows of a generated English-like corpus, shuffled per epoch."""
+
+    def __init__(self, seq_len: int, seed: int, corpus: bytes | None = None) -> None:
+        self.seq_len = seq_len
+        self.seed = seed
+        data = corpus if corpus is not None else generated_corpus()
+        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        self.windows = len(self.tokens) // (seq_len + 1)
+        if self.windows < 1:
+            raise ValueError(f"ELASTRAIN_SEQ_LEN={seq_len} is longer than the text corpus")
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 - one dataset per process, two epochs at most
+    def _order(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed((self.seed * _MIX + epoch) % 2**63)
+        return torch.randperm(self.windows, generator=g)
+
+    def sample(self, index: int) -> torch.Tensor:
+        window = int(self._order(index // self.windows)[index % self.windows])
+        start = window * (self.seq_len + 1)
+        return self.tokens[start:start + self.seq_len + 1]
+
+    def epoch_of(self, index: int) -> int:
+        return index // self.windows
+
+
+@functools.lru_cache(maxsize=1)
+def generated_corpus(size: int = 1 << 18) -> bytes:
+    """A fixed pseudo-English text (same bytes on every machine and Python 3 version)."""
+    rng = random.Random(20240611)
+    parts: list[str] = []
+    length = 0
+    while length < size:
+        words = [_WORDS[rng.randrange(len(_WORDS))] for _ in range(4 + rng.randrange(9))]
+        sentence = " ".join(words).capitalize() + ". "
+        parts.append(sentence)
+        length += len(sentence)
+    return "".join(parts).encode()[:size]
+
+
+def build_dataset(name: str, seq_len: int, seed: int) -> Dataset:
+    if name == "synthetic":
+        return SyntheticDataset(seq_len, seed)
+    if name == "text":
+        return TextDataset(seq_len, seed)
+    raise ValueError(f"ELASTRAIN_DATASET={name!r} must be synthetic or text")
+
+
+def micro_batch_indices(start: int, micro: int, world: int, rank: int, k: int) -> range:
+    """Global indices of micro-batch k of `rank` in the global batch that begins at `start`.
+
+    Micro-batches interleave ranks (k * world + rank), so every (world, accum) split of
+    the same global batch covers the same indices exactly once.
+    """
+    first = start + (k * world + rank) * micro
+    return range(first, first + micro)
+
+
+def make_batch(dataset: Dataset, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of shape [len(indices), seq_len]."""
+    rows = torch.stack([dataset.sample(i) for i in indices])
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -1,0 +1,133 @@
+"""The trainer's Prometheus metrics and the /progress document, behind record_* functions.
+
+Served by local rank 0 on ELASTRAIN_METRICS_PORT: /metrics (Prometheus text) and
+/progress (JSON the operator polls to fill TrainingJob status, so it needs neither
+object-store credentials nor RBAC on the workers).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry()
+_P = "elastrain_trainer_"
+_STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_CKPT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+STEPS = Counter(_P + "steps", "Optimizer steps completed (skipped steps included)",
+                registry=REGISTRY)
+STEP_SECONDS = Histogram(_P + "step_duration_seconds", "Wall time of one training step",
+                         buckets=_STEP_BUCKETS, registry=REGISTRY)
+TOKENS = Counter(_P + "tokens", "Tokens trained on (global)", registry=REGISTRY)
+SAVE_SECONDS = Histogram(_P + "checkpoint_save_duration_seconds",
+                         "Checkpoint save time, start to commit", buckets=_CKPT_BUCKETS,
+                         registry=REGISTRY)
+LOAD_SECONDS = Histogram(_P + "checkpoint_load_duration_seconds", "Checkpoint load time",
+                         buckets=_CKPT_BUCKETS, registry=REGISTRY)
+WRITTEN_BYTES = Counter(_P + "checkpoint_written_bytes", "Bytes of committed checkpoints",
+                        registry=REGISTRY)
+WORLD_SIZE = Gauge(_P + "world_size", "Ranks in the current world", registry=REGISTRY)
+RESTARTS = Counter(_P + "restarts", "Worker-group restarts seen by torchrun on this node",
+                   registry=REGISTRY)
+GOODPUT = Gauge(_P + "goodput_ratio",
+                "Share of this process's wall time spent in training steps", registry=REGISTRY)
+LOSS = Gauge(_P + "loss", "Loss of the last step (mean over ranks)", registry=REGISTRY)
+
+
+@dataclass
+class _Progress:
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    world_size: int = 0
+    last_checkpoint: dict[str, Any] | None = None
+
+
+_progress = _Progress()
+_lock = threading.Lock()
+
+
+def record_start(total_steps: int, world_size: int, restarts: int) -> None:
+    with _lock:
+        _progress.total_steps, _progress.world_size = total_steps, world_size
+    WORLD_SIZE.set(world_size)
+    if restarts:
+        RESTARTS.inc(restarts)
+
+
+def record_step(step: int, loss: float, duration_s: float, tokens: int) -> None:
+    STEPS.inc()
+    STEP_SECONDS.observe(duration_s)
+    TOKENS.inc(tokens)
+    LOSS.set(loss)
+    with _lock:
+        _progress.step, _progress.loss = step, loss
+
+
+def record_resumed(step: int) -> None:
+    with _lock:
+        _progress.step = step
+
+
+def record_goodput(ratio: float) -> None:
+    GOODPUT.set(ratio)
+
+
+def record_checkpoint_save(duration_s: float) -> None:
+    SAVE_SECONDS.observe(duration_s)
+
+
+def record_checkpoint_load(duration_s: float) -> None:
+    LOAD_SECONDS.observe(duration_s)
+
+
+def record_checkpoint_written_bytes(n: int) -> None:
+    WRITTEN_BYTES.inc(n)
+
+
+def record_committed(step: int, uri: str, time_rfc3339: str) -> None:
+    with _lock:
+        _progress.last_checkpoint = {"step": step, "uri": uri, "time": time_rfc3339}
+
+
+def progress_document() -> dict[str, Any]:
+    """The /progress JSON (field names are the operator's contract)."""
+    with _lock:
+        loss = _progress.loss
+        return {"step": _progress.step, "totalSteps": _progress.total_steps,
+                "loss": loss if loss is None or loss == loss else None,  # NaN is not JSON
+                "worldSize": _progress.world_size,
+                "lastCheckpoint": _progress.last_checkpoint}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
+        elif self.path == "/progress":
+            body, ctype = json.dumps(progress_document()).encode(), "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes every few seconds would drown the step log
+
+
+def serve(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Start serving /metrics and /progress in a daemon thread; OSError if the port is taken."""
+    server = ThreadingHTTPServer((host, port), _Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
