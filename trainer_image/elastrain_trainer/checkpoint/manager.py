@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -95,7 +96,7 @@ class CheckpointManager:
                 return blocked
             dcp_save(req.state, storage_writer=writer, process_group=self.pg)
             self._finished(req.step, t0, time.monotonic() - t0, None)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # DCP raises a BaseException subclass
             self._finished(req.step, t0, time.monotonic() - t0, e)
         return time.monotonic() - t0
 
@@ -112,7 +113,7 @@ class CheckpointManager:
         error: BaseException | None = None
         try:
             pending.future.result()
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # DCP raises a BaseException subclass
             error = e
         self._finished(pending.step, pending.started, pending.blocked_s, error)
         return error is None
@@ -168,7 +169,9 @@ class CheckpointManager:
             step = mf.parse_step_dir(name)
             if step is None:
                 raise ValueError(f"--resume-from {resume_from!r} must end in step-NNNNNNNN")
-            storage, candidates = open_storage(root, self.endpoint), [step]
+            if root != self.storage.uri:
+                storage = open_storage(root, self.endpoint)
+            candidates = [step]
         if candidates is None:
             candidates = self._broadcast(
                 lambda: mf.resume_candidates(mf.classify_keys(storage.list())))
@@ -198,7 +201,7 @@ class CheckpointManager:
         try:
             dcp_load(state, storage_reader=CheckpointReader(storage, key, files),
                      process_group=self.pg)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # DCP raises a BaseException subclass
             emit("checkpoint_skipped", step=step, uri=uri, reason=_short(e),
                  note="falling back to the previous committed checkpoint")
             return None
@@ -229,7 +232,12 @@ def _read_committed(storage: CheckpointStorage,
 
 
 def _short(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
+    """The root cause in one line (DCP wraps each rank's error with its traceback)."""
+    if isinstance(error, CheckpointException):
+        causes = {f"{type(exc).__name__}: {exc}" for exc, _tb in error.failures.values()}
+        text = "; ".join(sorted(causes))
+    else:
+        text = f"{type(error).__name__}: {error}"
     return text if len(text) < 600 else text[:600] + "..."
 
 

@@ -1,0 +1,240 @@
+"""Local mode: a rendezvous store and N torchrun agents ("nodes") as processes on this machine.
+
+`run_local` is what `elastrain run --local` calls; `LocalCluster` is the same machinery
+for tests that inject preemptions themselves. Each agent runs one worker (nproc 1) with
+the elastic settings of notes/rendezvous.md: an external store, is_host=false, 1 s x 3
+keep-alives, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastrain_trainer.events import parse_line
+from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_summary
+
+RDZV_CONF = ("is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,"
+             "keep_alive_max_attempt=3")
+Record = dict[str, Any]
+
+
+@dataclass
+class Agent:
+    """One torchrun agent process and its log."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class LocalCluster:
+    """Store + agents; records every JSON line the workers print, tagged with the agent."""
+
+    env: Mapping[str, str]
+    min_nodes: int
+    max_nodes: int
+    out_dir: Path
+    job_id: str = "local"
+    on_record: Callable[[str, Record], None] | None = None
+    records: list[tuple[str, Record]] = field(default_factory=list)
+    agents: list[Agent] = field(default_factory=list)
+    _store: subprocess.Popen[bytes] | None = None
+    _port: int = 0
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def start(self, workers: int) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._port = free_port()
+        self._store = subprocess.Popen(
+            [sys.executable, "-m", "elastrain_trainer.rdzv_store", "--host", "127.0.0.1",
+             "--port", str(self._port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_for_port(self._port, timeout=60)
+        for _ in range(workers):
+            self.add_agent()
+
+    def add_agent(self) -> Agent:
+        name = f"agent-{len(self.agents)}"
+        env = {**os.environ, **self.env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               "OMP_NUM_THREADS": self.env.get("OMP_NUM_THREADS", "1"),
+               "PYTHONUNBUFFERED": "1"}
+        port = int(self.env.get("ELASTRAIN_METRICS_PORT", "0"))
+        env["ELASTRAIN_METRICS_PORT"] = str(port + len(self.agents) if port else 0)
+        cmd = [sys.executable, "-m", "torch.distributed.run",
+               f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
+               f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",
+               "--max-restarts=100", "--monitor-interval=0.5", "-m", "elastrain_trainer"]
+        log_path = self.out_dir / f"{name}.log"
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        agent = Agent(name, proc, log_path)
+        self.agents.append(agent)
+        threading.Thread(target=self._pump, args=(agent,), daemon=True).start()
+        return agent
+
+    def _pump(self, agent: Agent) -> None:
+        assert agent.proc.stdout is not None
+        with agent.log_path.open("wb") as log:
+            for raw in agent.proc.stdout:
+                log.write(raw)
+                log.flush()
+                record = parse_line(raw.decode(errors="replace"))
+                if record is None:
+                    continue
+                with self._cond:
+                    self.records.append((agent.name, record))
+                    self._cond.notify_all()
+                if self.on_record is not None:
+                    self.on_record(agent.name, record)
+
+    def max_step(self) -> int:
+        with self._cond:
+            return max((r["step"] for _, r in self.records if r["event"] == "step"), default=0)
+
+    def wait_for(self, predicate: Callable[[list[tuple[str, Record]]], bool],
+                 timeout: float) -> bool:
+        """Block until predicate(records) holds; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.records), timeout=timeout)
+
+    def wait_for_step(self, step: int, timeout: float = 300) -> bool:
+        return self.wait_for(lambda rs: any(r["event"] == "step" and r["step"] >= step
+                                            for _, r in rs), timeout)
+
+    def preempt(self, agent: Agent) -> None:
+        """Spot-style notice: SIGTERM the agent, which SIGTERMs its worker."""
+        agent.proc.send_signal(signal.SIGTERM)
+
+    def kill(self, agent: Agent) -> None:
+        """No notice: SIGKILL the worker(s) and the agent together (a lost node)."""
+        for pid in [*descendants(agent.proc.pid), agent.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait_agents(self, timeout: float) -> dict[str, int | None]:
+        """Exit codes of all agents (None for those still running at the deadline)."""
+        deadline = time.monotonic() + timeout
+        for agent in self.agents:
+            try:
+                agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return {a.name: a.proc.poll() for a in self.agents}
+
+    def stop(self) -> None:
+        """Kill whatever is still running (agents, their workers, the store)."""
+        for agent in self.agents:
+            if agent.proc.poll() is None:
+                self.kill(agent)
+            agent.proc.wait(timeout=30)
+        if self._store is not None and self._store.poll() is None:
+            self._store.send_signal(signal.SIGTERM)
+            self._store.wait(timeout=30)
+
+
+@dataclass(frozen=True)
+class LocalRunResult:
+    """What a local run did; `summary` also lives in out_dir/summary.json."""
+
+    exit_codes: dict[str, int | None]
+    summary: RunSummary
+    plot_path: Path | None
+    out_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.summary.finished and all(c is not None for c in self.exit_codes.values())
+
+
+def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: int,
+              out_dir: str | os.PathLike[str], *, simulate_preemption: bool = False,
+              preempt_at_step: int | None = None, timeout: float = 3600,
+              on_record: Callable[[str, Record], None] | None = None) -> LocalRunResult:
+    """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement."""
+    out = Path(out_dir)
+    env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
+    cluster = LocalCluster(env, min_nodes, max_nodes, out,
+                           job_id=env.get("ELASTRAIN_JOB_NAME", "local"),
+                           on_record=on_record or print_record)
+    started = time.monotonic()
+    try:
+        cluster.start(workers)
+        if simulate_preemption:
+            steps = int(env.get("ELASTRAIN_STEPS", "100"))
+            at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
+            if cluster.wait_for_step(at, timeout=timeout):
+                print(f"[local] preempting {cluster.agents[-1].name} at step "
+                      f"{cluster.max_step()} and starting a replacement", flush=True)
+                cluster.preempt(cluster.agents[-1])
+                cluster.add_agent()
+        codes = cluster.wait_agents(timeout=max(1.0, timeout - (time.monotonic() - started)))
+    finally:
+        cluster.stop()
+    summary = summarize([r for _, r in cluster.records], wall_s=time.monotonic() - started)
+    plot = plot_loss([r for _, r in cluster.records], out / "loss.png")
+    write_summary(summary, codes, out)
+    return LocalRunResult(codes, summary, plot, out)
+
+
+def print_record(agent: str, r: Record) -> None:
+    """Default progress printer: one short line per step and per lifecycle event."""
+    if r["event"] == "step":
+        line = (f"[{agent}] step {r['step']:>5}  loss {r['loss']:.4f}  world {r['world_size']}  "
+                f"{r['tokens_per_s']:.0f} tok/s")
+    else:
+        fields = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("event", "time"))
+        line = f"[{agent}] {r['event']} {fields}"
+    # One write per line: agents' pump threads print concurrently.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendant pids of `pid` (torchrun workers run in their own session)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"rendezvous store did not listen on port {port} in {timeout} s")

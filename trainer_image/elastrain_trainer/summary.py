@@ -1,0 +1,95 @@
+"""Summaries of a run from its JSON log records: steps lost, restarts, loss curve plot."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    finished: bool
+    final_step: int
+    final_loss: float | None
+    resumes: int
+    steps_lost: int
+    lost_per_resume: list[int] = field(default_factory=list)
+    world_sizes: list[int] = field(default_factory=list)
+    checkpoints_saved: int = 0
+    checkpoints_failed: int = 0
+    wall_s: float = 0.0
+
+
+def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
+    """Pure: derive the summary from records in any order (sorted by their time)."""
+    ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
+    max_step, lost, worlds = 0, [], []
+    final_loss: float | None = None
+    for r in ordered:
+        if r["event"] == "step":
+            max_step = max(max_step, int(r["step"]))
+            final_loss = r["loss"] if int(r["step"]) >= max_step else final_loss
+            if not worlds or worlds[-1] != r["world_size"]:
+                worlds.append(int(r["world_size"]))
+        elif r["event"] == "resumed":
+            lost.append(max(0, max_step - int(r["step"])))
+    saved = {r["step"] for r in ordered if r["event"] == "checkpoint_saved"}
+    return RunSummary(
+        finished=any(r["event"] == "finished" for r in ordered), final_step=max_step,
+        final_loss=final_loss, resumes=len(lost), steps_lost=sum(lost), lost_per_resume=lost,
+        world_sizes=worlds, checkpoints_saved=len(saved),
+        checkpoints_failed=sum(r["event"] == "checkpoint_failed" for r in ordered),
+        wall_s=round(wall_s, 2))
+
+
+def loss_curve(records: list[Record]) -> dict[int, float]:
+    """step -> loss; a step trained again after a restart keeps its latest value."""
+    ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
+    return {int(r["step"]): float(r["loss"]) for r in ordered if r["event"] == "step"}
+
+
+def plot_loss(records: list[Record], path: Path) -> Path | None:
+    """Loss vs step, with world-size changes marked; None when there is nothing to plot."""
+    curve = loss_curve(records)
+    if not curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps = sorted(curve)
+    ax.plot(steps, [curve[s] for s in steps], lw=1.2, label="loss")
+    for r in records:
+        if r["event"] == "resumed":
+            ax.axvline(int(r["step"]), color="tab:red", ls="--", lw=0.8)
+            ax.annotate(f"resume -> world {r['world_size']}", (int(r["step"]), curve[steps[0]]),
+                        rotation=90, fontsize=7, color="tab:red", va="top")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("elastrain local run")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_summary(summary: RunSummary, exit_codes: dict[str, int | None], out_dir: Path) -> None:
+    doc = {**asdict(summary), "exit_codes": exit_codes}
+    (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
+    lines = [f"finished: {summary.finished}  final step: {summary.final_step}  "
+             f"final loss: {summary.final_loss}",
+             f"resumes: {summary.resumes}  steps lost: {summary.steps_lost} "
+             f"{summary.lost_per_resume}",
+             f"world sizes: {' -> '.join(map(str, summary.world_sizes))}",
+             f"checkpoints saved: {summary.checkpoints_saved}  failed: "
+             f"{summary.checkpoints_failed}  wall: {summary.wall_s} s",
+             f"agent exit codes: {exit_codes}"]
+    (out_dir / "summary.txt").write_text("\n".join(lines) + "\n")
