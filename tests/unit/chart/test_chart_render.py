@@ -1,0 +1,364 @@
+"""The chart renders, lints and validates offline, and what it renders keeps its promises:
+restricted Pod Security, exactly the operator's RBAC, peering before replicas, a PDB that never
+blocks drains, monitors that select what the operator and trainer serve."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.unit.chart.chartlib import (
+    CHART,
+    CI_VALUES,
+    ROOT,
+    Manifest,
+    of_kind,
+    one,
+    render,
+    render_error,
+    rule_triples,
+    run_helm,
+)
+
+K8S_SCHEMA_VERSION = "1.34.0"  # the Kubernetes minor the tests' apiserver runs (hack/versions.env)
+CI_IDS = [p.stem for p in CI_VALUES]
+BUILTIN_GROUPS = ("", "apps", "rbac.authorization.k8s.io", "policy", "apiextensions.k8s.io")
+
+
+def _group(doc: Manifest) -> str:
+    api_version: str = doc["apiVersion"]
+    return api_version.split("/")[0] if "/" in api_version else ""
+
+
+@pytest.fixture(scope="module", params=CI_VALUES, ids=CI_IDS)
+def ci_render(request: pytest.FixtureRequest) -> list[Manifest]:
+    return render(values=[request.param])
+
+
+def test_ci_values_files_exist() -> None:
+    assert {"default-values", "ha-values", "namespaced-values"} <= set(CI_IDS)
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=["no-values", *CI_IDS])
+def test_helm_lint_strict(values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
+    done = run_helm(*args, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_builtin_kinds_validate_against_kubernetes_schema(ci_render: list[Manifest]) -> None:
+    builtin = [d for d in ci_render if _group(d) in BUILTIN_GROUPS]
+    assert builtin
+    for doc in builtin:
+        try:
+            kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {err.message} at "
+                        f"{'.'.join(map(str, err.path))}")
+
+
+def test_every_object_is_labelled_and_namespaced_where_it_must_be(
+        ci_render: list[Manifest]) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                      "ClusterKopfPeering"}
+    for doc in ci_render:
+        meta = doc["metadata"]
+        if doc["kind"] == "CustomResourceDefinition":
+            continue  # crds/ is installed verbatim
+        labels = meta.get("labels", {})
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by", "helm.sh/chart"):
+            assert key in labels, f"{doc['kind']}/{meta['name']} lacks label {key}"
+        assert ("namespace" in meta) == (doc["kind"] not in cluster_scoped), doc["kind"]
+
+
+def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
+    repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert sorted(chart) == sorted(repo), "copy crds/*.yaml to charts/elastrain/crds/"
+    stale = [name for name in repo if repo[name] != chart[name]]
+    assert not stale, f"charts/elastrain/crds/ is stale for {stale}: run `make chart-crds`"
+
+
+def test_rendered_crds_are_the_repository_crds() -> None:
+    import yaml
+    docs = render(include_crds=True)
+    rendered = {d["metadata"]["name"]: d for d in of_kind(docs, "CustomResourceDefinition")}
+    expected = {d["metadata"]["name"]: d
+                for p in (ROOT / "crds").glob("*.yaml")
+                for d in yaml.safe_load_all(p.read_text()) if d}
+    assert rendered == expected
+
+
+# --- Pod Security: restricted ----------------------------------------------------------------
+
+def test_operator_pod_is_restricted(ci_render: list[Manifest]) -> None:
+    pod = one(ci_render, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not sc.get("privileged", False)
+    # The only writable path is an emptyDir at /tmp.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/tmp": "tmp"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["tmp"]
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+
+
+@pytest.mark.parametrize("bad", [
+    "securityContext.allowPrivilegeEscalation=true",
+    "securityContext.runAsNonRoot=false",
+    "podSecurityContext.runAsNonRoot=false",
+    "podSecurityContext.runAsUser=0",
+    "securityContext.capabilities.add[0]=SYS_ADMIN",
+])
+def test_schema_refuses_weakening_pod_security(bad: str) -> None:
+    render_error(sets=[bad])
+
+
+def test_liveness_probe_targets_kopf_healthz(ci_render: list[Manifest]) -> None:
+    (container,) = one(ci_render, "Deployment")["spec"]["template"]["spec"]["containers"]
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["path"] == "/healthz"
+    assert f"--liveness=http://0.0.0.0:{ports[probe['port']]}/healthz" in container["args"]
+
+
+# --- peering and replicas ----------------------------------------------------------------------
+
+def _container(docs: list[Manifest]) -> Manifest:
+    containers: list[Manifest] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def test_default_is_one_standalone_operator_that_never_overlaps() -> None:
+    docs = render()
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    args = _container(docs)["args"]
+    assert "--standalone" in args and not any(a.startswith("--peering") for a in args)
+    assert "--all-namespaces" in args
+    assert not of_kind(docs, "ClusterKopfPeering") and not of_kind(docs, "KopfPeering")
+
+
+def test_more_than_one_replica_requires_peering() -> None:
+    error = render_error(sets=["replicaCount=2"])
+    assert "peering.enabled" in error
+
+
+def test_peering_names_the_peering_object_the_chart_creates() -> None:
+    docs = render(sets=["replicaCount=3", "peering.enabled=true", "peering.name=prod"])
+    args = _container(docs)["args"]
+    assert "--peering=prod" in args and "--standalone" not in args
+    assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "prod"
+    env = {e["name"]: e for e in _container(docs)["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_namespaced_operator_peers_in_each_watched_namespace() -> None:
+    docs = render(sets=["peering.enabled=true", "operator.watchNamespaces.a=true",
+                        "operator.watchNamespaces.b=true", "operator.watchNamespaces.c=false"])
+    assert sorted(p["metadata"]["namespace"] for p in of_kind(docs, "KopfPeering")) == ["a", "b"]
+    args = _container(docs)["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=a", "--namespace=b"]
+    assert "--all-namespaces" not in args
+
+
+# --- PodDisruptionBudget ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets", [
+    ["podDisruptionBudget.enabled=true"],
+    ["podDisruptionBudget.enabled=true", "podDisruptionBudget.maxUnavailable=10%"],
+    ["podDisruptionBudget.enabled=true", "replicaCount=3", "peering.enabled=true"],
+], ids=["one-replica", "percent", "three-replicas"])
+def test_pdb_never_blocks_a_drain(sets: list[str]) -> None:
+    spec = one(render(sets=sets), "PodDisruptionBudget")["spec"]
+    assert "minAvailable" not in spec
+    budget = spec["maxUnavailable"]
+    assert (budget >= 1) if isinstance(budget, int) else int(budget.rstrip("%")) >= 1
+
+
+@pytest.mark.parametrize("bad", ["podDisruptionBudget.maxUnavailable=0",
+                                 "podDisruptionBudget.maxUnavailable=0%",
+                                 "podDisruptionBudget.minAvailable=1"])
+def test_schema_refuses_a_blocking_pdb(bad: str) -> None:
+    render_error(sets=["podDisruptionBudget.enabled=true", bad])
+
+
+def test_pdb_is_optional() -> None:
+    assert not of_kind(render(), "PodDisruptionBudget")
+
+
+# --- RBAC ----------------------------------------------------------------------------------
+
+def _operator_rules() -> set[tuple[str, str, str]]:
+    try:
+        rbac = importlib.import_module("elastrain_operator.rbac")
+    except ModuleNotFoundError:
+        pytest.fail("elastrain_operator.rbac (RULES) does not exist yet")
+    return normalize_rules(rbac.RULES)
+
+
+def normalize_rules(rules: Iterable[Any]) -> set[tuple[str, str, str]]:
+    """RULES as (apiGroup, resource, verb) triples, whether entries are tuples or dicts."""
+    def many(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else list(value)
+
+    triples = set()
+    for rule in rules:
+        if isinstance(rule, dict):
+            groups, resources, verbs = (rule.get("apiGroups", rule.get("api_groups")),
+                                        rule["resources"], rule["verbs"])
+        elif hasattr(rule, "verbs"):
+            groups = getattr(rule, "api_groups", getattr(rule, "apiGroups", None))
+            resources, verbs = rule.resources, rule.verbs
+        else:
+            groups, resources, verbs = rule
+        triples |= {(g, r, v) for g in many(groups) for r in many(resources) for v in many(verbs)}
+    return triples
+
+
+def _granted(docs: list[Manifest]) -> set[tuple[str, str, str]]:
+    return rule_triples(r for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")
+                        for r in role["rules"])
+
+
+def test_rbac_is_exactly_the_operators_rules(ci_render: list[Manifest]) -> None:
+    granted, wanted = _granted(ci_render), _operator_rules()
+    assert granted == wanted, (f"chart grants more: {sorted(granted - wanted)}; "
+                               f"chart lacks: {sorted(wanted - granted)}")
+
+
+def test_rbac_has_no_wildcards_or_secrets(ci_render: list[Manifest]) -> None:
+    for group, resource, verb in _granted(ci_render):
+        assert "*" not in (group, resource, verb)
+        assert resource not in {"secrets", "nodes", "clusterroles", "clusterrolebindings"}
+        assert verb not in {"escalate", "bind", "impersonate"}
+    assert ("elastrain.dev", "trainingjobs/status", "patch") in _granted(ci_render)
+
+
+def test_cluster_wide_operator_gets_cluster_role_bindings_only() -> None:
+    docs = render()
+    assert not of_kind(docs, "RoleBinding")
+    bound = {b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")}
+    assert bound == {r["metadata"]["name"] for r in of_kind(docs, "ClusterRole")}
+
+
+def test_namespaced_operator_binds_namespaced_rules_per_namespace() -> None:
+    docs = render(sets=["operator.watchNamespaces.team-a=true",
+                        "operator.watchNamespaces.team-b=true"])
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    namespaced_role = {b["roleRef"]["name"] for b in bindings}
+    cluster_bound = {b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")}
+    assert not namespaced_role & cluster_bound
+    for binding in bindings + of_kind(docs, "ClusterRoleBinding"):
+        (subject,) = binding["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": "elastrain",
+                           "namespace": "elastrain-system"}
+
+
+def test_rbac_can_be_left_to_the_cluster_admin() -> None:
+    docs = render(sets=["rbac.create=false"])
+    assert not [d for d in docs if _group(d) == "rbac.authorization.k8s.io"]
+
+
+# --- ServiceAccount -------------------------------------------------------------------------
+
+def test_service_account_carries_cloud_identity_annotations() -> None:
+    docs = render(sets=["serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:x",
+                        "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=g@p"])
+    sa = one(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:x",
+                                             "iam.gke.io/gcp-service-account": "g@p"}
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_existing_service_account_is_used_when_not_created() -> None:
+    docs = render(sets=["serviceAccount.create=false", "serviceAccount.name=ops"])
+    assert not of_kind(docs, "ServiceAccount")
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    for binding in of_kind(docs, "ClusterRoleBinding"):
+        assert binding["subjects"][0]["name"] == "ops"
+
+
+# --- monitoring ---------------------------------------------------------------------------
+
+def test_service_monitor_scrapes_the_operator_metrics_port() -> None:
+    docs = render(sets=["metrics.serviceMonitor.enabled=true",
+                        "metrics.serviceMonitor.additionalLabels.release=kps"])
+    monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    container_ports = {p["name"]: p["containerPort"] for p in _container(docs)["ports"]}
+    assert container_ports[port["targetPort"]] == port["port"]
+    assert any(a == f"--metrics-port={port['port']}" for a in _container(docs)["args"])
+    # The Service selects the operator pods and nothing else.
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_monitors_are_opt_in() -> None:
+    docs = render()
+    assert not of_kind(docs, "ServiceMonitor") and not of_kind(docs, "PodMonitor")
+
+
+def test_pod_monitor_selects_the_operators_worker_pods() -> None:
+    from elastrain_operator.model.spec import TrainingJob
+    from elastrain_operator.render.workers import render_worker_pod
+
+    docs = render(sets=["metrics.trainerPodMonitor.enabled=true",
+                        "metrics.trainerPodMonitor.additionalLabels.release=kps"])
+    monitor = one(docs, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    job = TrainingJob.model_validate({
+        "metadata": {"name": "demo", "namespace": "ml", "uid": "u"},
+        "spec": {"image": "trainer:dev"}})
+    worker = render_worker_pod(job, 0, 0)
+    labels = worker["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    port_names = {p["name"] for c in worker["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["port"] in port_names
+    for label in monitor["spec"]["podTargetLabels"]:
+        assert label in labels
+    # A store pod is not a trainer: it must not be scraped as one.
+    from elastrain_operator.render.rendezvous import render_store_pod
+    store = render_store_pod(job)
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= (
+        store["metadata"]["labels"].items())
+
+
+def test_pod_monitor_follows_watched_namespaces() -> None:
+    docs = render(sets=["metrics.trainerPodMonitor.enabled=true",
+                        "operator.watchNamespaces.ml=true"])
+    assert one(docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+
+
+def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar() -> None:
+    import json
+    docs = render(sets=["grafana.dashboards.enabled=true"])
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["elastrain.json"])
+    assert dashboard["panels"]
+    assert json.loads((CHART / "files" / "dashboards" / "elastrain.json").read_text()) == dashboard

@@ -1,0 +1,136 @@
+"""Every example is a valid TrainingJob (the operator's own model parses it), keeps its global
+batch divisible at every world size it can shrink or grow to, and sizes its termination grace to
+its provider's preemption notice; the kind example fits the kind cluster it is written for."""
+
+from __future__ import annotations
+
+from math import lcm
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.unit.chart.chartlib import EXAMPLES, ROOT, Manifest, load_docs
+
+K8S_SCHEMA_VERSION = "1.34.0"
+# Seconds between a provider's preemption notice and the machine going away.
+NOTICE_SECONDS = {"eks": 120, "gke": 30}
+
+
+def _jobs() -> list[tuple[Path, Manifest]]:
+    return [(path, doc) for path in EXAMPLES for doc in load_docs(path)
+            if doc.get("kind") == "TrainingJob"]
+
+
+JOBS = _jobs()
+JOB_IDS = [f"{p.parent.name}/{p.stem}/{d['metadata']['name']}" for p, d in JOBS]
+
+
+def test_examples_cover_kind_eks_and_gke() -> None:
+    assert {p.parent.name for p, _ in JOBS} >= {"kind", "eks", "gke"}
+    assert any(d["spec"].get("strategy") == "fsdp" for p, d in JOBS if p.parent.name == "eks")
+    assert any(d["spec"].get("strategy") == "fsdp" for p, d in JOBS if p.parent.name == "gke")
+
+
+@pytest.mark.parametrize(("path", "doc"), JOBS, ids=JOB_IDS)
+def test_example_parses_with_the_operator_model(path: Path, doc: Manifest) -> None:
+    from elastrain_operator.model import TrainingJob
+
+    job = TrainingJob.model_validate(doc)
+    assert job.metadata.namespace == doc["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize(("path", "doc"), JOBS, ids=JOB_IDS)
+def test_global_batch_divides_every_allowed_world_size(path: Path, doc: Manifest) -> None:
+    from elastrain_operator.model import TrainingJob
+
+    spec = TrainingJob.model_validate(doc).spec
+    assert isinstance(spec.nproc_per_node, int), "examples pin nprocPerNode"
+    sizes = [n * spec.nproc_per_node for n in range(spec.min_replicas,
+                                                     spec.effective_max_replicas + 1)]
+    assert spec.max_replicas is not None, "an example bounds maxReplicas"
+    step = spec.trainer.micro_batch_size * lcm(*sizes)
+    assert spec.trainer.global_batch_size % step == 0, (
+        f"globalBatchSize must be a multiple of {step} for world sizes {sizes}")
+
+
+@pytest.mark.parametrize(("path", "doc"), JOBS, ids=JOB_IDS)
+def test_termination_grace_fits_the_providers_notice(path: Path, doc: Manifest) -> None:
+    provider = path.parent.name
+    grace = doc["spec"]["terminationGracePeriodSeconds"]
+    if provider in NOTICE_SECONDS:
+        assert NOTICE_SECONDS[provider] * 0.75 <= grace < NOTICE_SECONDS[provider]
+
+
+@pytest.mark.parametrize(("path", "doc"), [(p, d) for p, d in JOBS if p.parent.name != "kind"],
+                         ids=[i for i in JOB_IDS if not i.startswith("kind/")])
+def test_cloud_examples_run_on_tolerated_spot_gpus_with_a_cloud_identity(
+        path: Path, doc: Manifest) -> None:
+    spec, docs = doc["spec"], load_docs(path)
+    template = spec["template"]
+    assert spec["resources"]["limits"]["nvidia.com/gpu"] == spec["nprocPerNode"]
+    selector = template["nodeSelector"]
+    assert {"eks.amazonaws.com/capacityType": "SPOT"}.items() <= selector.items() or \
+        {"cloud.google.com/gke-spot": "true"}.items() <= selector.items()
+    assert any(t["key"] == "nvidia.com/gpu" for t in template["tolerations"])
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert account["metadata"]["name"] == template["serviceAccountName"]
+    identity = {"eks": "eks.amazonaws.com/role-arn", "gke": "iam.gke.io/gcp-service-account"}
+    assert identity[path.parent.name] in account["metadata"]["annotations"]
+    # The rendezvous store must not sit on the capacity that gets preempted.
+    store = spec["rendezvous"]["store"]["nodeSelector"]
+    assert not store.items() & selector.items()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[f"{p.parent.name}/{p.name}" for p in EXAMPLES])
+def test_builtin_kinds_in_examples_validate(path: Path) -> None:
+    for doc in load_docs(path):
+        if doc["kind"] == "TrainingJob":
+            continue
+        kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+
+
+def _kind_nodes() -> list[Manifest]:
+    config = yaml.safe_load((ROOT / "kind-config.yaml").read_text())
+    nodes = []
+    for node in config["nodes"]:
+        taints = []
+        for patch in node.get("kubeadmConfigPatches", []):
+            registration = yaml.safe_load(patch).get("nodeRegistration", {})
+            taints += registration.get("taints", [])
+        nodes.append({"role": node["role"], "labels": node.get("labels", {}), "taints": taints})
+    return nodes
+
+
+def _schedulable(selector: dict[str, str], tolerations: list[Manifest]) -> list[Manifest]:
+    def tolerated(taint: Manifest) -> bool:
+        return any(t.get("key") == taint["key"] and t.get("effect") in (None, taint["effect"])
+                   and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+                   for t in tolerations)
+    return [n for n in _kind_nodes() if n["role"] == "worker"
+            and selector.items() <= n["labels"].items()
+            and all(tolerated(t) for t in n["taints"])]
+
+
+def test_kind_job_fits_the_kind_cluster() -> None:
+    (doc,) = [d for p, d in JOBS if p.parent.name == "kind"]
+    spec = doc["spec"]
+    workers = _schedulable(spec["template"]["nodeSelector"], spec["template"]["tolerations"])
+    # One spot node can be drained while the job keeps running on the other.
+    assert len(workers) >= 2 and spec["minReplicas"] < len(workers)
+    assert _schedulable(spec["rendezvous"]["store"]["nodeSelector"], [])
+    assert not set(map(id, workers)) & set(map(id, _schedulable(
+        spec["rendezvous"]["store"]["nodeSelector"], [])))
+    # MinIO runs where the drain does not reach, and the job's secret and endpoint exist there.
+    minio = load_docs(ROOT / "examples" / "kind" / "minio.yaml")
+    (deployment,) = [d for d in minio if d["kind"] == "Deployment"]
+    assert _schedulable(deployment["spec"]["template"]["spec"]["nodeSelector"], [])
+    secrets = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in minio
+               if d["kind"] == "Secret"}
+    assert (doc["metadata"]["namespace"],
+            spec["checkpoint"]["credentialsSecret"]["name"]) in secrets
+    (service,) = [d for d in minio if d["kind"] == "Service"]
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert host in spec["checkpoint"]["endpoint"]
+    assert spec["template"]["imagePullPolicy"] != "Always", "kind-loaded images are not pullable"
