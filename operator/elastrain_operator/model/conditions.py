@@ -12,6 +12,7 @@ SUSPENDED: Final = "Suspended"        # spec.suspend is true and no worker runs
 SUCCEEDED: Final = "Succeeded"        # every worker's trainer finished (terminal)
 FAILED: Final = "Failed"              # the job gave up (terminal)
 VALID: Final = "Valid"                # the spec passed the checks CEL cannot express
+ALL_WORKERS_RUNNING: Final = "AllWorkersRunning"  # every desired worker runs (none pending)
 
 # --- reasons ---------------------------------------------------------------------------------
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
@@ -29,3 +30,12 @@ MAX_PREEMPTIONS_EXCEEDED: Final = "MaxPreemptionsExceeded"  # preemptions > maxP
 DEADLINE_EXCEEDED: Final = "DeadlineExceeded"          # activeDeadlineSeconds elapsed
 INVALID_SPEC: Final = "InvalidSpec"                    # spec failed a check CEL cannot express
 SPEC_VALID: Final = "SpecValid"                        # spec passed every check
+WORKERS_STARTING: Final = "WorkersStarting"            # fewer than minReplicas ever ran so far
+JOB_FINISHING: Final = "JobFinishing"                  # a worker finished; waiting for the rest
+RECOVERED: Final = "Recovered"                         # back to the desired size after a loss
+SCALED: Final = "Scaled"                               # spec.replicas changed
+NOT_RUNNING: Final = "NotRunning"                      # the job is not running (any cause)
+NOT_SUSPENDED: Final = "NotSuspended"                  # spec.suspend is false
+NOT_RESTARTING: Final = "NotRestarting"                # no worker is being replaced
+JOB_TERMINATED: Final = "JobTerminated"                # the job finished; no worker is kept
+CREATE_FAILED: Final = "CreateFailed"                  # the apiserver refused a child object

@@ -46,6 +46,33 @@ class Progress(ApiModel):
     step: int = Field(default=0, ge=0)
     total_steps: int = Field(default=0, ge=0)
     loss: float | None = None
+    world_size: int | None = Field(default=None, ge=0)
+
+
+class WorkerSlot(ApiModel):
+    """Bookkeeping of one worker index; how each lost pod is counted exactly once.
+
+    Worker pods carry their slot's `attempt` in a label. A pod whose attempt is below its slot's
+    has been accounted for (counted, retired by a scale-down or a suspend) and is only cleaned up.
+    The operator raises an attempt in the same status write that counts the loss, before it
+    touches any pod, so a restart between the two steps neither misses nor repeats a count.
+    """
+
+    index: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+    replace_after: datetime | None = Field(
+        default=None, description="A failed worker's replacement waits until then (backoff).")
+
+
+class WorkerLoss(ApiModel):
+    """One counted loss of a worker pod (the newest few are kept for `elastrain describe`)."""
+
+    index: int = Field(ge=0)
+    pod: str = Field(max_length=253)
+    kind: Literal["Preempted", "Failed"]
+    reason: str = Field(default="", max_length=256)
+    exit_code: int | None = None
+    time: datetime
 
 
 class TrainingJobStatus(ApiModel):
@@ -74,6 +101,14 @@ class TrainingJobStatus(ApiModel):
         default=None, description="No failed worker is replaced before this time.")
     last_checkpoint: CheckpointRef | None = None
     progress: Progress | None = None
+    slots: list[WorkerSlot] = Field(
+        default_factory=list, max_length=1024,
+        json_schema_extra=k8s(x_kubernetes_list_type="map", x_kubernetes_list_map_keys=["index"]),
+        description="Per-worker-index attempts: how lost pods are counted exactly once.")
+    recent_losses: list[WorkerLoss] = Field(
+        default_factory=list, max_length=10, description="The newest counted worker losses.")
+    recovering_since: datetime | None = Field(
+        default=None, description="When a worker was lost and the job fell below its size.")
     start_time: datetime | None = None
     completion_time: datetime | None = None
     observed_generation: int = Field(default=0, ge=0)

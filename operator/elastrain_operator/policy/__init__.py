@@ -1,0 +1,1 @@
+"""Pure policies: planning, failure classification, budgets, status, time limits."""

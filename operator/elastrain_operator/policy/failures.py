@@ -1,0 +1,137 @@
+"""Reading worker pods, and telling preemption from failure.
+
+`classify_pod_exit` decides what a worker pod's state means for the job:
+
+- Preempted: the platform took the worker away. Any `DisruptionTarget=True` condition (whatever
+  its reason: PreemptionByScheduler, DeletionByTaintManager, EvictionByEvictionAPI,
+  DeletionByPodGC, TerminationByKubelet, ...), a pod being deleted (the operator never deletes a
+  pod of an active slot, so a deletion is someone else's: a drain, the pod GC after the node went
+  away, a user), or a kubelet status reason that means the node dropped it (Evicted, NodeLost,
+  Shutdown, Terminated, ...). This is checked first: a trainer that checkpoints on SIGTERM exits
+  143 or even 0, and must not look failed or finished.
+- Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...).
+- Succeeded: the pod Succeeded (torchrun exited 0: its whole worker group finished).
+- Running / Pending: still going, or not started yet (`unschedulable` says why it waits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from elastrain_operator.model.names import LABEL_ATTEMPT, LABEL_INDEX, TRAINER_CONTAINER
+
+Manifest = dict[str, Any]
+
+# pod.status.reason values a kubelet or node controller sets when it, not the trainer, ends a pod.
+DISRUPTION_REASONS = frozenset({
+    "Evicted", "NodeLost", "Preempting", "Shutdown", "NodeShutdown", "Terminated",
+    "UnexpectedAdmissionError", "NodeAffinity", "OutOfcpu", "OutOfmemory", "OutOfpods",
+})
+
+
+class Exit(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    PREEMPTED = "Preempted"
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """The slice of a worker pod the planner reads."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str = "Pending"
+    deleting: bool = False
+    has_finalizer: bool = False
+    ready: bool = False
+    pod_ip: str = ""
+    node: str = ""
+    status_reason: str = ""
+    disruption_reason: str = ""
+    exit_code: int | None = None
+    exit_reason: str = ""
+    unschedulable: str = ""
+    waiting_reason: str = ""
+    waiting_message: str = ""
+    created: str = ""
+
+
+def _condition(status: Manifest, kind: str) -> Manifest | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _trainer_state(status: Manifest) -> tuple[Manifest, Manifest]:
+    """(terminated, waiting) of the trainer container; empty when absent."""
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") == TRAINER_CONTAINER:
+            state = cs.get("state") or {}
+            last = cs.get("lastState") or {}
+            return (dict(state.get("terminated") or last.get("terminated") or {}),
+                    dict(state.get("waiting") or {}))
+    return {}, {}
+
+
+def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
+    """Parse a worker pod; None when its slot labels are missing or mangled (not ours to count)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index, attempt = int(labels[LABEL_INDEX]), int(labels[LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    disruption = _condition(status, "DisruptionTarget")
+    ready = _condition(status, "Ready")
+    scheduled = _condition(status, "PodScheduled")
+    terminated, waiting = _trainer_state(status)
+    return WorkerPod(
+        name=str(meta.get("name", "")), index=index, attempt=attempt,
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        has_finalizer=finalizer in (meta.get("finalizers") or []),
+        ready=bool(ready and ready.get("status") == "True"),
+        pod_ip=str(status.get("podIP") or ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        status_reason=str(status.get("reason") or ""),
+        disruption_reason=(str(disruption.get("reason") or "DisruptionTarget")
+                           if disruption and disruption.get("status") == "True" else ""),
+        exit_code=terminated.get("exitCode"),
+        exit_reason=str(terminated.get("reason") or ""),
+        unschedulable=(str(scheduled.get("message") or "Unschedulable")
+                       if scheduled and scheduled.get("status") == "False" else ""),
+        waiting_reason=str(waiting.get("reason") or ""),
+        waiting_message=str(waiting.get("message") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+    )
+
+
+def classify_pod_exit(pod: WorkerPod) -> Exit:
+    if pod.disruption_reason or pod.deleting or pod.status_reason in DISRUPTION_REASONS:
+        return Exit.PREEMPTED
+    if pod.phase == "Succeeded":
+        return Exit.SUCCEEDED
+    if pod.phase == "Failed":
+        return Exit.FAILED
+    if pod.phase == "Running":
+        return Exit.RUNNING
+    return Exit.PENDING
+
+
+def describe_exit(pod: WorkerPod) -> str:
+    """Why a lost worker counts as it does, for events and status messages."""
+    if pod.disruption_reason:
+        return f"DisruptionTarget: {pod.disruption_reason}"
+    if pod.deleting:
+        return "pod deleted"
+    if pod.status_reason in DISRUPTION_REASONS:
+        return f"pod {pod.status_reason}"
+    parts = [f"exit code {pod.exit_code}" if pod.exit_code is not None else "no exit code"]
+    if pod.exit_reason:
+        parts.append(pod.exit_reason)
+    return ", ".join(parts)

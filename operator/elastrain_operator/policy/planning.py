@@ -1,0 +1,315 @@
+"""The planner: a TrainingJob and its observed children -> the status and the children it needs.
+
+Reads as the steps of one reconcile, each a pure function of its inputs and `now`:
+1. account: count each lost worker once (slot attempts, see WorkerSlot), retire slots that a
+   scale-down or a suspend no longer wants;
+2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
+3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
+4. derive the status (written first by the shell) and the events announcing its transitions.
+
+Success, precisely: torchrun exits 0 only when its worker group completed, so the first worker
+pod that Succeeded (exit 0 and no disruption) means the world finished training. From then on
+the job is finishing: nothing is counted or replaced, and it Succeeds once no worker of the job
+is Running any more (workers still pending never started and are deleted). A worker that merely
+Succeeded while its peers still run does not end the job.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from elastrain_operator.model import conditions as c
+from elastrain_operator.model.names import store_name, worker_service_name
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.status import Phase, TrainingJobStatus, WorkerLoss, WorkerSlot
+from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit, describe_exit
+from elastrain_operator.policy.progress import ProgressReport, merge_progress
+from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
+from elastrain_operator.policy.status import (
+    TERMINAL,
+    Accounting,
+    EventSpec,
+    Outcome,
+    WorkerCounts,
+    derive_status,
+    transition_events,
+)
+from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
+from elastrain_operator.policy.validation import pod_config_problems, validate
+from elastrain_operator.render.meta import Manifest
+from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
+from elastrain_operator.render.service import render_worker_service
+from elastrain_operator.render.workers import render_worker_pod
+
+MAX_RECENT_LOSSES = 10
+
+
+@dataclass(frozen=True)
+class StorePod:
+    phase: str = "Pending"
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The job's children as the cluster has them now."""
+
+    workers: tuple[WorkerPod, ...] = ()
+    store: StorePod | None = None
+    services: frozenset[str] = frozenset()          # owned by this job
+    foreign_services: frozenset[str] = frozenset()  # our names, but someone else's objects
+    progress: tuple[ProgressReport, ...] | None = None  # None: not polled this round
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: TrainingJobStatus
+    create: tuple[Manifest, ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    release_pods: tuple[str, ...] = ()
+    delete_job: bool = False
+    events: tuple[EventSpec, ...] = ()
+    counted_restarts: int = 0
+    counted_preemptions: int = 0
+    recovered_after_seconds: float | None = None
+
+
+@dataclass
+class _Round:
+    """Mutable scratch of one planning round."""
+
+    acct: Accounting
+    events: list[EventSpec] = field(default_factory=list)
+    create: list[Manifest] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    release_pods: list[str] = field(default_factory=list)
+    counted_restarts: int = 0
+    counted_preemptions: int = 0
+
+
+def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
+    grouped: dict[int, list[WorkerPod]] = defaultdict(list)
+    for pod in workers:
+        grouped[pod.index].append(pod)
+    return grouped
+
+
+def current_pods(slots: Sequence[WorkerSlot], workers: Sequence[WorkerPod]) -> dict[int, WorkerPod]:
+    """Slot index -> the pod of the slot's current attempt, where it exists."""
+    attempt = {s.index: s.attempt for s in slots}
+    return {p.index: p for p in workers if attempt.get(p.index, 0) == p.attempt}
+
+
+def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
+                slot: WorkerSlot, now: datetime) -> WorkerSlot:
+    preempted = exit_ is Exit.PREEMPTED
+    why = describe_exit(pod)
+    loss = WorkerLoss(index=pod.index, pod=pod.name, kind="Preempted" if preempted else "Failed",
+                      reason=why, exit_code=pod.exit_code, time=now)
+    acct = r.acct
+    if preempted:
+        r.counted_preemptions += 1
+        acct = replace(acct, preemptions=acct.preemptions + 1, last_loss_reason=c.WORKER_PREEMPTED)
+        r.events.append(EventSpec("Warning", c.WORKER_PREEMPTED,
+                                  f"worker {pod.index} (pod {pod.name}) preempted: {why}"))
+        after = None
+    else:
+        r.counted_restarts += 1
+        restarts = acct.restarts + 1
+        after = backoff_until(job.spec.restart_policy, restarts, now)
+        acct = replace(acct, restarts=restarts, last_loss_reason=c.WORKER_FAILED,
+                       backoff_until=after or acct.backoff_until)
+        r.events.append(EventSpec("Warning", c.WORKER_FAILED,
+                                  f"worker {pod.index} (pod {pod.name}) failed: {why}"))
+    r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
+                     recovering_since=acct.recovering_since or now)
+    return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
+
+
+def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
+             counting: bool, now: datetime) -> None:
+    """Raise the attempt of every slot whose current pod is lost (counting it) or retired."""
+    slots = {s.index: s for s in r.acct.slots}
+    grouped = _by_slot(observed.workers)
+    for index in sorted(set(slots) | set(grouped)):
+        slot = slots.get(index) or WorkerSlot(index=index)
+        newest = max((p.attempt for p in grouped.get(index, [])), default=-1)
+        if newest > slot.attempt:  # the status lost a write someone made; trust the pods
+            slot = WorkerSlot(index=index, attempt=newest)
+        current = next((p for p in grouped.get(index, []) if p.attempt == slot.attempt), None)
+        if current is not None and index >= desired:
+            slot = WorkerSlot(index=index, attempt=slot.attempt + 1)
+        elif current is not None and counting:
+            exit_ = classify_pod_exit(current)
+            if exit_ in (Exit.PREEMPTED, Exit.FAILED):
+                slot = _count_loss(r, job, current, exit_, slot, now)
+        slots[index] = slot
+    r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
+
+
+def _counts(job: TrainingJob, r: _Round, observed: Observed, desired: int) -> WorkerCounts:
+    current = current_pods(r.acct.slots, observed.workers)
+    active = [p for i, p in current.items() if i < desired]
+    states = [classify_pod_exit(p) for p in active]
+    pending = [p for p, s in zip(active, states, strict=True) if s is Exit.PENDING]
+    return WorkerCounts(
+        desired=desired,
+        running=sum(s is Exit.RUNNING for s in states),
+        ready=sum(p.ready for p, s in zip(active, states, strict=True) if s is Exit.RUNNING),
+        pending=len(pending),
+        unschedulable=next((p.unschedulable for p in pending if p.unschedulable), ""))
+
+
+def _cleanup_stale(r: _Round, observed: Observed) -> None:
+    current = current_pods(r.acct.slots, observed.workers)
+    for pod in observed.workers:
+        if current.get(pod.index) is pod:
+            continue
+        if not pod.deleting:
+            r.delete_pods.append(pod.name)
+        if pod.has_finalizer:
+            r.release_pods.append(pod.name)
+
+
+def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
+    """A terminal job keeps finished pods for their logs, deletes the rest, counts nothing."""
+    for pod in observed.workers:
+        if not pod.deleting and classify_pod_exit(pod) in (Exit.RUNNING, Exit.PENDING):
+            r.delete_pods.append(pod.name)
+        if pod.has_finalizer:
+            r.release_pods.append(pod.name)
+    if observed.store is not None and not observed.store.deleting:
+        r.delete_pods.append(store_name(job.metadata.name))
+
+
+def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
+              finishing: bool, now: datetime) -> tuple[bool, bool]:
+    """Create what is missing; returns (created anything, waiting for a backoff)."""
+    name = job.metadata.name
+    created = False
+    for service, render in ((worker_service_name(name), render_worker_service),
+                            (store_name(name), render_store_service)):
+        if service not in observed.services:
+            r.create.append(render(job))
+            created = True
+    store = observed.store
+    if desired and store is None:
+        r.create.append(render_store_pod(job))
+        created = True
+    elif store is not None and not store.deleting and (
+            not desired or store.phase in ("Failed", "Succeeded")):
+        r.delete_pods.append(store_name(name))
+    in_backoff = False
+    current = current_pods(r.acct.slots, observed.workers)
+    for slot in r.acct.slots[:desired] if not finishing else ():
+        if slot.index in current:
+            continue
+        if slot.replace_after is not None and now < slot.replace_after:
+            in_backoff = True
+            continue
+        r.create.append(render_worker_pod(job, slot.index, slot.attempt))
+        created = True
+    return created, in_backoff
+
+
+def _ensure_slots(r: _Round, desired: int) -> None:
+    have = {s.index for s in r.acct.slots}
+    extra = [WorkerSlot(index=i) for i in range(desired) if i not in have]
+    if extra:
+        r.acct = replace(r.acct, slots=tuple(sorted((*r.acct.slots, *extra),
+                                                    key=lambda s: s.index)))
+
+
+def _is_finishing(r: _Round, observed: Observed, desired: int) -> bool:
+    current = current_pods(r.acct.slots, observed.workers)
+    return any(classify_pod_exit(p) is Exit.SUCCEEDED for i, p in current.items() if i < desired)
+
+
+def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
+                     now: datetime) -> tuple[Phase, str, str] | None:
+    spent = exhausted_budget(job.spec.restart_policy, restarts=r.acct.restarts,
+                             preemptions=r.acct.preemptions)
+    if spent is not None:
+        return "Failed", *spent
+    if not job.spec.suspend and deadline_exceeded(job, now):
+        return ("Failed", c.DEADLINE_EXCEEDED,
+                f"the job ran longer than spec.activeDeadlineSeconds "
+                f"({job.spec.active_deadline_seconds})")
+    if finishing and counts.running == 0:
+        return ("Succeeded", c.ALL_WORKERS_SUCCEEDED,
+                "training finished: a worker exited 0 and no worker is running")
+    return None
+
+
+def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
+    """Everything one reconcile should do, in the order the shell applies it."""
+    old = job.status
+    r = _Round(acct=Accounting(
+        slots=tuple(old.slots), losses=tuple(old.recent_losses), restarts=old.restarts,
+        preemptions=old.preemptions, backoff_until=old.restart_backoff_until,
+        recovering_since=old.recovering_since))
+    if job.metadata.deletion_timestamp:
+        # Being deleted: let the garbage collector take the pods; count and create nothing.
+        return Plan(status=old, release_pods=tuple(p.name for p in observed.workers
+                                                    if p.has_finalizer))
+    blocking = tuple(validate(job)) + tuple(
+        f"Service {s!r} exists and is not owned by this TrainingJob"
+        for s in sorted(observed.foreign_services))
+    terminal_already = old.phase in TERMINAL
+    desired = 0 if job.spec.suspend or terminal_already else job.spec.desired_workers
+    _ensure_slots(r, desired)
+    finishing = _is_finishing(r, observed, desired)
+    if not terminal_already:
+        _account(r, job, observed, desired=desired, counting=not (finishing or blocking),
+                 now=now)
+    counts = _counts(job, r, observed, desired)
+    terminal = None if terminal_already else _decide_terminal(job, r, counts,
+                                                              finishing=finishing, now=now)
+    created = in_backoff = False
+    if terminal_already or terminal is not None:
+        _finish(r, job, observed)
+    else:
+        _cleanup_stale(r, observed)
+        if not blocking:
+            created, in_backoff = _converge(r, job, observed, desired=desired,
+                                            finishing=finishing, now=now)
+    recovered = _recovery(r, counts, desired, now) if terminal is None else None
+    if r.acct.backoff_until is not None and now >= r.acct.backoff_until:
+        r.acct = replace(r.acct, backoff_until=None)
+    problems = blocking + tuple(pod_config_problems(
+        current_pods(r.acct.slots, observed.workers).values()))
+    outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
+                      created=created,
+                      finishing=finishing, in_backoff=in_backoff,
+                      progress=merge_progress(old.progress, old.last_checkpoint,
+                                              observed.progress))
+    status = derive_status(job, counts, outcome, r.acct, now=now)
+    events = [*r.events, *transition_events(old, status)]
+    if old.replicas and status.replicas and old.replicas != status.replicas:
+        events.append(EventSpec("Normal", c.SCALED,
+                                f"scaled from {old.replicas} to {status.replicas} workers"))
+    if recovered is not None:
+        events.append(EventSpec("Normal", c.RECOVERED,
+                                f"back to {desired} workers {recovered:.1f}s after a loss"))
+    return Plan(status=status, create=tuple(r.create), delete_pods=tuple(r.delete_pods),
+                release_pods=tuple(r.release_pods),
+                delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
+                counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
+                recovered_after_seconds=recovered)
+
+
+def _recovery(r: _Round, counts: WorkerCounts, desired: int, now: datetime) -> float | None:
+    """Seconds from the first loss to the job's full size again, when it just got there."""
+    since = r.acct.recovering_since
+    if since is None:
+        return None
+    if desired == 0:
+        r.acct = replace(r.acct, recovering_since=None)
+        return None
+    if counts.running < desired or r.counted_restarts or r.counted_preemptions:
+        return None
+    r.acct = replace(r.acct, recovering_since=None)
+    return max(0.0, (now - since).total_seconds())

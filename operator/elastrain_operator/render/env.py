@@ -1,0 +1,112 @@
+"""The worker container's environment: torchrun's PET_* options and the trainer's ELASTRAIN_*.
+
+torchrun reads every option's default from PET_<OPTION>, so a stock `torchrun train.py` image
+runs unchanged. The rendezvous endpoint is the job's own store (never a worker: `is_host=false`),
+and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each round's rank 0 publish a fresh master
+address (without it a scale-up hangs; see docs on rendezvous). torchrun's own restart budget is
+set high because the job's failure budget lives in the operator.
+
+Order matters: PET_*/TORCH_*, then ELASTRAIN_*, then credentials, then the user's spec.env last,
+so a user can override anything (Kubernetes lets the later duplicate win).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastrain_operator.model.names import store_host
+from elastrain_operator.model.spec import TrainingJobSpec
+
+DEFAULT_COMMAND = ("torchrun", "-m", "elastrain_trainer")
+TORCHRUN_MAX_RESTARTS = 1_000_000
+MONITOR_INTERVAL_SECONDS = 0.5
+
+EnvList = list[dict[str, Any]]
+
+
+def _text(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def render_rendezvous_conf(spec: TrainingJobSpec) -> str:
+    r = spec.rendezvous
+    return ",".join([
+        "is_host=false",
+        f"join_timeout={r.join_timeout_seconds}",
+        f"last_call_timeout={r.last_call_timeout_seconds}",
+        f"keep_alive_interval={r.keep_alive_interval_seconds}",
+        f"keep_alive_max_attempt={r.keep_alive_max_attempts}",
+    ])
+
+
+def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
+                        job_name: str) -> dict[str, str]:
+    """PET_* for an elastic c10d run against the job's rendezvous store."""
+    return {
+        "PET_NNODES": f"{spec.min_replicas}:{spec.effective_max_replicas}",
+        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"{store_host(job_name, namespace)}:{spec.rendezvous.port}",
+        "PET_RDZV_ID": job_uid,
+        "PET_RDZV_CONF": render_rendezvous_conf(spec),
+        "PET_MAX_RESTARTS": str(TORCHRUN_MAX_RESTARTS),
+        "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL_SECONDS),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
+def render_trainer_env(spec: TrainingJobSpec, job_name: str) -> dict[str, str]:
+    """The built-in trainer's ELASTRAIN_* contract (no PET_*, no secrets); also used locally.
+
+    trainer.fooBar -> ELASTRAIN_FOO_BAR, checkpoint.fooBar -> ELASTRAIN_CHECKPOINT_FOO_BAR.
+    """
+    env = {"ELASTRAIN_JOB_NAME": job_name, "ELASTRAIN_STRATEGY": spec.strategy}
+    for name, value in spec.trainer.model_dump().items():
+        env[f"ELASTRAIN_{name.upper()}"] = _text(value)
+    ckpt = spec.checkpoint
+    if ckpt is not None:
+        env["ELASTRAIN_CHECKPOINT_URI"] = ckpt.uri
+        if ckpt.endpoint:
+            env["ELASTRAIN_CHECKPOINT_ENDPOINT"] = ckpt.endpoint
+        env["ELASTRAIN_CHECKPOINT_INTERVAL_STEPS"] = _text(ckpt.interval_steps)
+        env["ELASTRAIN_CHECKPOINT_INTERVAL_SECONDS"] = _text(ckpt.interval_seconds)
+        env["ELASTRAIN_CHECKPOINT_KEEP"] = _text(ckpt.keep)
+        env["ELASTRAIN_CHECKPOINT_ASYNC"] = _text(ckpt.async_)
+    env["ELASTRAIN_METRICS_PORT"] = _text(spec.metrics_port)
+    return env
+
+
+def _credentials(spec: TrainingJobSpec) -> EnvList:
+    ckpt = spec.checkpoint
+    if ckpt is None:
+        return []
+    out: EnvList = []
+    if ckpt.credentials_secret is not None:
+        ref = ckpt.credentials_secret
+        out += [
+            {"name": "AWS_ACCESS_KEY_ID",
+             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.access_key_id_key}}},
+            {"name": "AWS_SECRET_ACCESS_KEY",
+             "valueFrom": {"secretKeyRef": {"name": ref.name,
+                                            "key": ref.secret_access_key_key}}},
+        ]
+    if ckpt.region:
+        out.append({"name": "AWS_REGION", "value": ckpt.region})
+    return out
+
+
+def render_worker_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
+                      job_name: str) -> EnvList:
+    """The full env list of a worker container, in the order documented above."""
+    plain = {**render_torchrun_env(spec, namespace=namespace, job_uid=job_uid, job_name=job_name),
+             **render_trainer_env(spec, job_name)}
+    env: EnvList = [{"name": k, "value": v} for k, v in plain.items()]
+    env += _credentials(spec)
+    env += [e.to_api() for e in spec.env]
+    return env
+
+
+def render_command(spec: TrainingJobSpec) -> list[str]:
+    return list(spec.command) if spec.command is not None else list(DEFAULT_COMMAND)

@@ -1,0 +1,71 @@
+"""The job's rendezvous store: a tiny pod running a TCPStore server, and its Service.
+
+With torchrun's c10d backend the agent whose host matches the endpoint hosts the store, so
+losing that worker loses the rendezvous for everyone. The store therefore lives in a pod of its
+own, placed by spec.rendezvous.store (a non-preemptible node), and every worker points at its
+Service with is_host=false. restartPolicy Always: the store is a server, not a task.
+"""
+
+from __future__ import annotations
+
+from elastrain_operator.model.names import (
+    LABEL_JOB,
+    LABEL_ROLE,
+    RDZV_PORT_NAME,
+    ROLE_STORE,
+    STORE_CONTAINER,
+    store_name,
+)
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.meta import Manifest, child_metadata
+
+STORE_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"},
+                   "limits": {"memory": "256Mi"}}
+
+
+def render_store_command(port: int) -> list[str]:
+    return ["python", "-m", "elastrain_trainer.rdzv_store", "--host", "0.0.0.0",
+            "--port", str(port)]
+
+
+def render_store_pod(job: TrainingJob) -> Manifest:
+    spec = job.spec
+    store = spec.rendezvous.store
+    port = spec.rendezvous.port
+    pod_spec: Manifest = {
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [{
+            "name": STORE_CONTAINER,
+            "image": store.image or spec.image,
+            "command": render_store_command(port),
+            "ports": [{"name": RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+            "resources": STORE_RESOURCES,
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        }],
+    }
+    if store.node_selector:
+        pod_spec["nodeSelector"] = dict(store.node_selector)
+    if store.tolerations:
+        pod_spec["tolerations"] = [t.to_api() for t in store.tolerations]
+    if store.priority_class_name:
+        pod_spec["priorityClassName"] = store.priority_class_name
+    if spec.template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.template.image_pull_secrets]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": child_metadata(job, store_name(job.metadata.name), role=ROLE_STORE),
+            "spec": pod_spec}
+
+
+def render_store_service(job: TrainingJob) -> Manifest:
+    port = job.spec.rendezvous.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(job, store_name(job.metadata.name), role=ROLE_STORE),
+        "spec": {
+            "selector": {LABEL_JOB: job.metadata.name, LABEL_ROLE: ROLE_STORE},
+            "ports": [{"name": RDZV_PORT_NAME, "port": port, "targetPort": port,
+                       "protocol": "TCP"}],
+        },
+    }

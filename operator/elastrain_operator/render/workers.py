@@ -1,0 +1,96 @@
+"""Worker pods: one per slot and attempt, rendered purely from the job.
+
+A worker has a stable hostname (`<job>-worker-<index>`) in the headless Service's subdomain, so
+torchrun's rank-0 address resolves no matter which attempt of the slot is running. The pod name
+carries the attempt, so a replacement can start while its predecessor is still terminating
+(checkpointing on SIGTERM). restartPolicy is Never: a container that exits must surface to the
+operator, which tells preemption from failure and keeps the job's budgets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastrain_operator.model.names import (
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    METRICS_PORT_NAME,
+    ROLE_WORKER,
+    TRAINER_CONTAINER,
+    WORKER_FINALIZER,
+    worker_hostname,
+    worker_pod_name,
+    worker_service_name,
+)
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.env import render_command, render_worker_env
+from elastrain_operator.render.meta import Manifest, child_metadata
+
+
+def _resources(job: TrainingJob) -> Manifest:
+    res = job.spec.resources.to_api()
+    return {k: v for k, v in res.items() if v}
+
+
+def _container(job: TrainingJob) -> Manifest:
+    spec = job.spec
+    container: Manifest = {
+        "name": TRAINER_CONTAINER,
+        "image": spec.image,
+        "command": render_command(spec),
+        "env": render_worker_env(spec, namespace=job.metadata.namespace,
+                                 job_uid=job.metadata.uid, job_name=job.metadata.name),
+    }
+    if spec.args:
+        container["args"] = list(spec.args)
+    if spec.metrics_port:
+        container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port,
+                               "protocol": "TCP"}]
+    if resources := _resources(job):
+        container["resources"] = resources
+    if spec.template.volume_mounts:
+        container["volumeMounts"] = list(spec.template.volume_mounts)
+    if spec.template.image_pull_policy:
+        container["imagePullPolicy"] = spec.template.image_pull_policy
+    return container
+
+
+def _template_fields(job: TrainingJob) -> Manifest:
+    """The user's narrow pod template override, each field only when set."""
+    t = job.spec.template
+    fields: dict[str, Any] = {
+        "nodeSelector": dict(t.node_selector) or None,
+        "tolerations": [x.to_api() for x in t.tolerations] or None,
+        "affinity": t.affinity,
+        "priorityClassName": t.priority_class_name,
+        "schedulerName": t.scheduler_name,
+        "serviceAccountName": t.service_account_name,
+        "imagePullSecrets": [{"name": n} for n in t.image_pull_secrets] or None,
+        "volumes": list(t.volumes) or None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def render_worker_pod(job: TrainingJob, index: int, attempt: int) -> Manifest:
+    """The pod of worker slot `index`, attempt `attempt`."""
+    name = job.metadata.name
+    t = job.spec.template
+    metadata = child_metadata(
+        job, worker_pod_name(name, index, attempt), role=ROLE_WORKER,
+        extra_labels={**t.labels, LABEL_INDEX: str(index), LABEL_ATTEMPT: str(attempt)})
+    if t.annotations:
+        metadata["annotations"] = dict(t.annotations)
+    metadata["finalizers"] = [WORKER_FINALIZER]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "hostname": worker_hostname(name, index),
+            "subdomain": worker_service_name(name),
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": job.spec.termination_grace_period_seconds,
+            **_template_fields(job),
+            "containers": [_container(job)],
+        },
+    }

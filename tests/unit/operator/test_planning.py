@@ -1,0 +1,364 @@
+"""plan(): a job and its observed children -> status and children, driven through a fake world.
+
+The fake world applies a plan the way the shell does (status first, then pods) and can stop
+after any step, which is how an operator restart at any moment is simulated.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from elastrain_operator.model import conditions as c
+from elastrain_operator.model.names import WORKER_FINALIZER
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.policy.failures import read_worker_pod
+from elastrain_operator.policy.planning import Observed, Plan, StorePod, plan
+from elastrain_operator.policy.progress import parse_progress
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class World:
+    """A TrainingJob and its children, mutated like an apiserver would."""
+
+    job: dict[str, Any]
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    services: set[str] = field(default_factory=set)
+    deleted_job: bool = False
+
+    @classmethod
+    def new(cls, **spec: Any) -> World:
+        return cls(job={"metadata": {"name": "demo", "namespace": "ml", "uid": "u1",
+                                     "generation": 1},
+                        "spec": {"image": "img", "replicas": 2, "minReplicas": 1,
+                                 "maxReplicas": 4, **spec}})
+
+    def parsed(self) -> TrainingJob:
+        return TrainingJob.model_validate(self.job)
+
+    def observe(self, progress: Any = None) -> Observed:
+        workers = [read_worker_pod(p, WORKER_FINALIZER) for p in self.pods.values()
+                   if p["metadata"]["labels"]["elastrain.dev/role"] == "worker"]
+        store = self.pods.get("demo-rdzv")
+        return Observed(
+            workers=tuple(w for w in workers if w is not None),
+            store=None if store is None else StorePod(
+                phase=store["status"]["phase"],
+                deleting="deletionTimestamp" in store["metadata"]),
+            services=frozenset(self.services), progress=progress)
+
+    def plan(self, now: datetime, **kw: Any) -> Plan:
+        return plan(self.parsed(), self.observe(**kw), now=now)
+
+    def steps(self, p: Plan) -> list[Any]:
+        """The plan as the shell's ordered side effects."""
+        out: list[Any] = [lambda: self.job.__setitem__("status", p.status.to_api())]
+        out += [lambda n=n: self.delete(n) for n in p.delete_pods]
+        out += [lambda n=n: self.release(n) for n in p.release_pods]
+        out += [lambda m=m: self.create(m) for m in p.create]
+        if p.delete_job:
+            out.append(lambda: setattr(self, "deleted_job", True))
+        return out
+
+    def apply(self, p: Plan, *, crash_after: int | None = None) -> None:
+        for i, step in enumerate(self.steps(p)):
+            if crash_after is not None and i >= crash_after:
+                return
+            step()
+
+    def reconcile(self, now: datetime, **kw: Any) -> Plan:
+        p = self.plan(now, **kw)
+        self.apply(p)
+        return p
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        name = manifest["metadata"]["name"]
+        if manifest["kind"] == "Service":
+            self.services.add(name)
+        elif name not in self.pods:
+            pod = copy.deepcopy(manifest)
+            pod["status"] = {"phase": "Pending"}
+            self.pods[name] = pod
+
+    def delete(self, name: str) -> None:
+        pod = self.pods.get(name)
+        if pod is None:
+            return
+        if pod["metadata"].get("finalizers"):
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        else:
+            del self.pods[name]
+
+    def release(self, name: str) -> None:
+        pod = self.pods.get(name)
+        if pod is None:
+            return
+        pod["metadata"]["finalizers"] = []
+        if "deletionTimestamp" in pod["metadata"]:
+            del self.pods[name]
+
+    # --- what a kubelet/scheduler would do --------------------------------------------------
+    def set_pod(self, name: str, phase: str, *, exit_code: int | None = None,
+                disruption: str | None = None, ready: bool = True) -> None:
+        status: dict[str, Any] = {"phase": phase, "podIP": "127.0.0.1", "conditions": [
+            {"type": "Ready", "status": "True" if ready and phase == "Running" else "False"}]}
+        if disruption:
+            status["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                         "reason": disruption})
+        if exit_code is not None:
+            status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
+                "exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}}]
+        self.pods[name]["status"] = status
+
+    def run_all(self) -> None:
+        for name in self.workers():
+            if self.pods[name]["status"]["phase"] == "Pending":
+                self.set_pod(name, "Running")
+
+    def workers(self, *, live: bool = True) -> list[str]:
+        return sorted(n for n, p in self.pods.items()
+                      if p["metadata"]["labels"]["elastrain.dev/role"] == "worker"
+                      and not (live and "deletionTimestamp" in p["metadata"]))
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.job.get("status", {}))
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(x for x in self.status["conditions"] if x["type"] == kind)
+
+
+def started(**spec: Any) -> World:
+    w = World.new(**spec)
+    w.reconcile(T0)
+    w.run_all()
+    w.reconcile(T0)
+    return w
+
+
+def test_create_makes_services_store_and_one_pod_per_slot() -> None:
+    w = World.new()
+    p = w.reconcile(T0)
+    kinds = sorted((m["kind"], m["metadata"]["name"]) for m in p.create)
+    assert kinds == [("Pod", "demo-rdzv"), ("Pod", "demo-worker-0-0"), ("Pod", "demo-worker-1-0"),
+                     ("Service", "demo-rdzv"), ("Service", "demo-workers")]
+    assert w.status["phase"] == "Pending"
+    assert w.status["slots"] == [{"index": 0, "attempt": 0}, {"index": 1, "attempt": 0}]
+    assert w.status["selector"] == "elastrain.dev/job-name=demo,elastrain.dev/role=worker"
+    assert w.reconcile(T0).create == ()  # idempotent
+
+
+def test_running_when_min_replicas_run() -> None:
+    w = started()
+    assert w.status["phase"] == "Running"
+    assert w.status["workers"] == "2/2" and w.status["readyReplicas"] == 2
+    assert w.condition(c.RUNNING)["status"] == "True"
+    assert w.condition(c.ALL_WORKERS_RUNNING)["status"] == "True"
+
+
+def test_preempted_worker_is_replaced_and_counted_as_preemption() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Failed", exit_code=143, disruption="PreemptionByScheduler")
+    p = w.reconcile(T0 + timedelta(seconds=5))
+    assert (w.status["preemptions"], w.status["restarts"]) == (1, 0)
+    assert p.counted_preemptions == 1
+    assert [m["metadata"]["name"] for m in p.create] == ["demo-worker-1-1"]
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-1"]
+    assert any(e.reason == c.WORKER_PREEMPTED for e in p.events)
+    assert w.status["recentLosses"][0]["kind"] == "Preempted"
+    # Counted once: later rounds see the same pods and count nothing more.
+    w.reconcile(T0 + timedelta(seconds=6))
+    assert w.status["preemptions"] == 1
+
+
+def test_failed_worker_counts_a_restart_and_waits_for_backoff() -> None:
+    w = started(restartPolicy={"backoffSeconds": 10, "maxBackoffSeconds": 15})
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1)
+    p = w.reconcile(T0)
+    assert (w.status["restarts"], w.status["preemptions"]) == (1, 0)
+    assert p.create == ()
+    assert w.status["restartBackoffUntil"] == "2026-01-01T00:00:10Z"
+    assert w.condition(c.RESTARTING)["reason"] == c.BACKOFF
+    assert w.reconcile(T0 + timedelta(seconds=9)).create == ()
+    p = w.reconcile(T0 + timedelta(seconds=10))
+    assert [m["metadata"]["name"] for m in p.create] == ["demo-worker-0-1"]
+    # The second failure doubles the delay, capped at maxBackoffSeconds.
+    w.set_pod("demo-worker-0-1", "Failed", exit_code=137)
+    w.reconcile(T0 + timedelta(seconds=20))
+    assert w.status["restartBackoffUntil"] == "2026-01-01T00:00:35Z"
+
+
+def test_budget_exhausted_fails_the_job_and_stops_workers() -> None:
+    w = started(restartPolicy={"maxRestarts": 0})
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1)
+    p = w.reconcile(T0)
+    assert w.status["phase"] == "Failed"
+    failed = w.condition(c.FAILED)
+    assert failed["reason"] == c.MAX_RESTARTS_EXCEEDED and "maxRestarts (0)" in failed["message"]
+    assert "demo-worker-1-0" in p.delete_pods and "demo-rdzv" in p.delete_pods
+    assert not [n for n, pod in w.pods.items() if pod["metadata"].get("finalizers")]
+    assert any(e.reason == c.MAX_RESTARTS_EXCEEDED and e.type == "Warning" for e in p.events)
+    assert w.status["completionTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_preemption_budget() -> None:
+    w = started(restartPolicy={"maxPreemptions": 1})
+    w.set_pod("demo-worker-0-0", "Failed", disruption="EvictionByEvictionAPI")
+    w.reconcile(T0)
+    assert w.status["phase"] == "Running"
+    w.run_all()
+    w.set_pod("demo-worker-0-1", "Running", disruption="DeletionByTaintManager")
+    w.reconcile(T0)
+    assert w.status["phase"] == "Failed"
+    assert w.condition(c.FAILED)["reason"] == c.MAX_PREEMPTIONS_EXCEEDED
+
+
+def test_scale_up_and_down_counts_nothing() -> None:
+    w = started()
+    w.job["spec"]["replicas"] = 4
+    p = w.reconcile(T0)
+    assert sorted(m["metadata"]["name"] for m in p.create) == ["demo-worker-2-0",
+                                                                "demo-worker-3-0"]
+    assert any(e.reason == c.SCALED for e in p.events)
+    w.run_all()
+    w.job["spec"]["replicas"] = 1
+    p = w.reconcile(T0)
+    assert sorted(p.delete_pods) == ["demo-worker-1-0", "demo-worker-2-0", "demo-worker-3-0"]
+    assert w.workers() == ["demo-worker-0-0"]
+    assert (w.status["restarts"], w.status["preemptions"], w.status["replicas"]) == (0, 0, 1)
+    w.job["spec"]["replicas"] = 2
+    p = w.reconcile(T0)
+    assert [m["metadata"]["name"] for m in p.create] == ["demo-worker-1-1"]
+
+
+def test_pending_extra_workers_do_not_block_running() -> None:
+    w = started(replicas=3, minReplicas=2)
+    w.job["spec"]["replicas"] = 4
+    w.reconcile(T0)
+    w.pods["demo-worker-3-0"]["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 Insufficient cpu."}]}
+    w.reconcile(T0)
+    assert w.status["phase"] == "Running" and w.status["pendingReplicas"] == 1
+    cond = w.condition(c.ALL_WORKERS_RUNNING)
+    assert cond["status"] == "False" and cond["reason"] == c.WORKERS_PENDING
+    assert "Insufficient cpu" in cond["message"]
+
+
+def test_suspend_deletes_workers_and_resume_recreates() -> None:
+    w = started(activeDeadlineSeconds=100)
+    w.job["spec"]["suspend"] = True
+    p = w.reconcile(T0 + timedelta(seconds=50))
+    assert w.status["phase"] == "Suspended" and w.workers() == []
+    assert "demo-rdzv" in p.delete_pods and "startTime" not in w.status
+    assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
+    w.job["spec"]["suspend"] = False
+    p = w.reconcile(T0 + timedelta(seconds=500))
+    assert sorted(m["metadata"]["name"] for m in p.create) == [
+        "demo-rdzv", "demo-worker-0-1", "demo-worker-1-1"]
+    assert w.condition(c.SUSPENDED)["reason"] == c.JOB_RESUMED
+    assert w.status["startTime"] == "2026-01-01T00:08:20Z"  # deadline clock restarted
+
+
+def test_deadline_fails_the_job() -> None:
+    w = started(activeDeadlineSeconds=60)
+    w.reconcile(T0 + timedelta(seconds=59))
+    assert w.status["phase"] == "Running"
+    p = w.reconcile(T0 + timedelta(seconds=60))
+    assert w.status["phase"] == "Failed"
+    assert w.condition(c.FAILED)["reason"] == c.DEADLINE_EXCEEDED
+    assert sorted(p.delete_pods) == ["demo-rdzv", "demo-worker-0-0", "demo-worker-1-0"]
+
+
+def test_success_needs_every_running_worker_done() -> None:
+    w = started(replicas=3)
+    w.set_pod("demo-worker-0-0", "Succeeded", exit_code=0)
+    w.pods["demo-worker-2-0"]["status"] = {"phase": "Pending"}
+    w.reconcile(T0)
+    assert w.status["phase"] == "Running"
+    assert w.condition(c.RUNNING)["reason"] == c.JOB_FINISHING
+    w.set_pod("demo-worker-1-0", "Succeeded", exit_code=0)
+    p = w.reconcile(T0 + timedelta(seconds=1))
+    assert w.status["phase"] == "Succeeded"
+    assert w.condition(c.SUCCEEDED)["reason"] == c.ALL_WORKERS_SUCCEEDED
+    assert p.delete_pods == ("demo-worker-2-0", "demo-rdzv")  # the pending one never ran
+    assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
+
+
+def test_ttl_deletes_the_finished_job() -> None:
+    w = started(ttlSecondsAfterFinished=30)
+    for name in w.workers():
+        w.set_pod(name, "Succeeded", exit_code=0)
+    w.reconcile(T0)
+    assert not w.reconcile(T0 + timedelta(seconds=29)).delete_job
+    assert w.reconcile(T0 + timedelta(seconds=30)).delete_job
+
+
+def test_terminal_phase_is_sticky() -> None:
+    w = started(restartPolicy={"maxRestarts": 0})
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1)
+    w.reconcile(T0)
+    w.job["spec"]["replicas"] = 3
+    p = w.reconcile(T0 + timedelta(seconds=1))
+    assert w.status["phase"] == "Failed" and p.create == ()
+
+
+def test_invalid_spec_creates_nothing_and_says_why() -> None:
+    w = World.new(nprocPerNode="auto")
+    p = w.reconcile(T0)
+    assert [m["kind"] for m in p.create] == []
+    valid = w.condition(c.VALID)
+    assert (valid["status"], valid["reason"]) == ("False", c.INVALID_SPEC)
+    assert "spec.nprocPerNode" in valid["message"]
+    assert any(e.reason == c.INVALID_SPEC for e in p.events)
+
+
+def test_kubelet_config_error_is_reported_but_pods_stay() -> None:
+    w = started()
+    w.pods["demo-worker-0-0"]["status"] = {"phase": "Pending", "containerStatuses": [
+        {"name": "trainer", "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "creds" not found'}}}]}
+    p = w.reconcile(T0)
+    valid = w.condition(c.VALID)
+    assert valid["status"] == "False" and 'secret "creds" not found' in valid["message"]
+    assert p.delete_pods == () and w.status["restarts"] == 0
+
+
+def test_job_being_deleted_only_releases_pods() -> None:
+    w = started()
+    w.job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    p = w.plan(T0)
+    assert sorted(p.release_pods) == ["demo-worker-0-0", "demo-worker-1-0"]
+    assert p.create == () and p.delete_pods == ()
+
+
+def test_progress_is_merged_from_the_furthest_worker() -> None:
+    w = started()
+    reports = tuple(r for r in (
+        parse_progress({"step": 7, "totalSteps": 10, "loss": 2.0, "worldSize": 2,
+                        "lastCheckpoint": {"step": 5, "uri": "s3://b/5",
+                                           "time": "2026-01-01T00:00:00Z"}}),
+        parse_progress({"step": 6, "totalSteps": 10, "loss": 2.1, "worldSize": 2,
+                        "lastCheckpoint": None}),
+        parse_progress({"nonsense": True})) if r is not None)
+    w.reconcile(T0, progress=reports)
+    assert w.status["progress"] == {"step": 7, "totalSteps": 10, "loss": 2.0, "worldSize": 2}
+    assert w.status["lastCheckpoint"]["step"] == 5
+    w.reconcile(T0, progress=())  # nobody answered: keep what we knew
+    assert w.status["progress"]["step"] == 7
+
+
+def test_recovery_is_measured_from_loss_to_full_size() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0)
+    assert w.status["recoveringSince"] == "2026-01-01T00:00:00Z"
+    w.run_all()
+    p = w.reconcile(T0 + timedelta(seconds=7))
+    assert p.recovered_after_seconds == 7.0
+    assert "recoveringSince" not in w.status
+    assert any(e.reason == c.RECOVERED for e in p.events)

@@ -1,0 +1,121 @@
+"""Children renderers against inline expectations: worker pod, headless Service, store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
+from elastrain_operator.render.service import render_worker_service
+from elastrain_operator.render.workers import render_worker_pod
+
+
+def job(**spec: Any) -> TrainingJob:
+    return TrainingJob.model_validate({
+        "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-1", "generation": 1},
+        "spec": {"image": "trainer:dev", "replicas": 2, "maxReplicas": 4, **spec}})
+
+
+OWNER = {"apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob", "name": "demo",
+         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
+
+WORKER = yaml.safe_load("""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: demo-worker-1-3
+  namespace: ml
+  labels:
+    team: ml
+    app.kubernetes.io/name: elastrain
+    app.kubernetes.io/managed-by: elastrain-operator
+    elastrain.dev/job-name: demo
+    elastrain.dev/worker-index: "1"
+    elastrain.dev/attempt: "3"
+    elastrain.dev/role: worker
+  annotations: {note: x}
+  finalizers: [elastrain.dev/worker-accounting]
+spec:
+  hostname: demo-worker-1
+  subdomain: demo-workers
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 90
+  nodeSelector: {pool: spot}
+  tolerations: [{key: spot, operator: Exists, effect: NoSchedule}]
+  priorityClassName: batch
+  imagePullSecrets: [{name: regcred}]
+  volumes: [{name: data, emptyDir: {}}]
+  containers:
+  - name: trainer
+    image: trainer:dev
+    command: [torchrun, -m, elastrain_trainer]
+    args: [--steps, "5"]
+    ports: [{name: metrics, containerPort: 9400, protocol: TCP}]
+    resources: {limits: {cpu: "2"}}
+    volumeMounts: [{name: data, mountPath: /data}]
+""")
+
+
+def test_worker_pod() -> None:
+    pod = render_worker_pod(job(
+        args=["--steps", "5"], terminationGracePeriodSeconds=90,
+        resources={"limits": {"cpu": "2"}},
+        template={"labels": {"team": "ml"}, "annotations": {"note": "x"},
+                  "nodeSelector": {"pool": "spot"}, "priorityClassName": "batch",
+                  "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                  "imagePullSecrets": ["regcred"], "volumes": [{"name": "data", "emptyDir": {}}],
+                  "volumeMounts": [{"name": "data", "mountPath": "/data"}]}), 1, 3)
+    env = pod["spec"]["containers"][0].pop("env")
+    assert pod["metadata"].pop("ownerReferences") == [OWNER]
+    assert pod == WORKER
+    assert {"name": "PET_RDZV_ENDPOINT", "value": "demo-rdzv.ml.svc:29400"} in env
+
+
+def test_job_labels_win_over_template_labels() -> None:
+    pod = render_worker_pod(job(template={"labels": {"elastrain.dev/job-name": "spoof"}}), 0, 0)
+    assert pod["metadata"]["labels"]["elastrain.dev/job-name"] == "demo"
+
+
+def test_metrics_port_zero_exposes_no_port() -> None:
+    pod = render_worker_pod(job(metricsPort=0), 0, 0)
+    assert "ports" not in pod["spec"]["containers"][0]
+
+
+def test_headless_worker_service() -> None:
+    svc = render_worker_service(job())
+    assert svc["metadata"]["name"] == "demo-workers"
+    assert svc["metadata"]["ownerReferences"] == [OWNER]
+    assert svc["spec"] == {
+        "clusterIP": "None", "publishNotReadyAddresses": True,
+        "selector": {"elastrain.dev/job-name": "demo", "elastrain.dev/role": "worker"},
+        "ports": [{"name": "metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}]}
+
+
+def test_store_pod_is_placed_by_the_rendezvous_spec() -> None:
+    pod = render_store_pod(job(rendezvous={"port": 29500, "store": {
+        "image": "store:1", "nodeSelector": {"pool": "on-demand"},
+        "tolerations": [{"key": "x", "operator": "Exists"}], "priorityClassName": "critical"}}))
+    assert pod["metadata"]["name"] == "demo-rdzv"
+    assert pod["metadata"]["labels"]["elastrain.dev/role"] == "rdzv-store"
+    assert "finalizers" not in pod["metadata"]
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Always"
+    assert spec["nodeSelector"] == {"pool": "on-demand"}
+    assert spec["tolerations"] == [{"key": "x", "operator": "Exists"}]
+    assert spec["priorityClassName"] == "critical"
+    (container,) = spec["containers"]
+    assert container["image"] == "store:1"
+    assert container["command"] == ["python", "-m", "elastrain_trainer.rdzv_store",
+                                    "--host", "0.0.0.0", "--port", "29500"]
+
+
+def test_store_defaults_to_the_job_image_and_service_targets_it() -> None:
+    j = job()
+    assert render_store_pod(j)["spec"]["containers"][0]["image"] == "trainer:dev"
+    svc = render_store_service(j)
+    assert svc["metadata"]["name"] == "demo-rdzv"
+    assert svc["spec"]["selector"] == {"elastrain.dev/job-name": "demo",
+                                       "elastrain.dev/role": "rdzv-store"}
+    assert svc["spec"]["ports"][0]["port"] == 29400

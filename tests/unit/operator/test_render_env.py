@@ -1,0 +1,98 @@
+"""The worker environment: torchrun's PET_* and the trainer's ELASTRAIN_* contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastrain_operator.model.spec import TrainingJobSpec
+from elastrain_operator.render.env import (
+    render_command,
+    render_trainer_env,
+    render_worker_env,
+)
+
+
+def spec(**fields: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({"image": "img", **fields})
+
+
+def test_pet_env_points_every_worker_at_the_job_store() -> None:
+    env = render_worker_env(spec(replicas=2, minReplicas=2, maxReplicas=6,
+                                 rendezvous={"joinTimeoutSeconds": 900}),
+                            namespace="ml", job_uid="uid-1", job_name="demo")
+    plain = {e["name"]: e["value"] for e in env if "value" in e}
+    assert {k: v for k, v in plain.items() if k.startswith(("PET_", "TORCH_"))} == {
+        "PET_NNODES": "2:6",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": "demo-rdzv.ml.svc:29400",
+        "PET_RDZV_ID": "uid-1",
+        "PET_RDZV_CONF": "is_host=false,join_timeout=900,last_call_timeout=1,"
+                         "keep_alive_interval=1,keep_alive_max_attempt=3",
+        "PET_MAX_RESTARTS": "1000000",
+        "PET_MONITOR_INTERVAL": "0.5",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
+def test_unbounded_job_uses_the_crd_bound_as_max() -> None:
+    env = render_worker_env(spec(nprocPerNode="auto"), namespace="n", job_uid="u", job_name="j")
+    plain = {e["name"]: e.get("value") for e in env}
+    assert plain["PET_NNODES"] == "1:1024" and plain["PET_NPROC_PER_NODE"] == "auto"
+
+
+def test_trainer_env_is_the_documented_contract() -> None:
+    env = render_trainer_env(spec(
+        strategy="fsdp",
+        trainer={"model": "gpt-small", "steps": 50, "lr": 1e-3, "cpuOffload": True,
+                 "activationCheckpointing": False},
+        checkpoint={"uri": "s3://bkt/run", "endpoint": "http://minio:9000", "intervalSteps": 5,
+                    "async": False, "credentialsSecret": {"name": "creds"}, "region": "eu-1"},
+        metricsPort=9500), "demo")
+    assert env == {
+        "ELASTRAIN_JOB_NAME": "demo", "ELASTRAIN_STRATEGY": "fsdp",
+        "ELASTRAIN_MODEL": "gpt-small", "ELASTRAIN_DATASET": "synthetic",
+        "ELASTRAIN_STEPS": "50", "ELASTRAIN_SEQ_LEN": "128",
+        "ELASTRAIN_GLOBAL_BATCH_SIZE": "8", "ELASTRAIN_MICRO_BATCH_SIZE": "2",
+        "ELASTRAIN_LR": "0.001", "ELASTRAIN_MIN_LR": "3e-05", "ELASTRAIN_WARMUP_STEPS": "10",
+        "ELASTRAIN_LR_SCHEDULE": "cosine", "ELASTRAIN_DECAY_FRACTION": "0.2",
+        "ELASTRAIN_WEIGHT_DECAY": "0.1", "ELASTRAIN_PRECISION": "fp32",
+        "ELASTRAIN_ACTIVATION_CHECKPOINTING": "0", "ELASTRAIN_CPU_OFFLOAD": "1",
+        "ELASTRAIN_MAX_GRAD_NORM": "1.0", "ELASTRAIN_SPIKE_FACTOR": "0.0",
+        "ELASTRAIN_SEED": "1234",
+        "ELASTRAIN_CHECKPOINT_URI": "s3://bkt/run",
+        "ELASTRAIN_CHECKPOINT_ENDPOINT": "http://minio:9000",
+        "ELASTRAIN_CHECKPOINT_INTERVAL_STEPS": "5",
+        "ELASTRAIN_CHECKPOINT_INTERVAL_SECONDS": "600", "ELASTRAIN_CHECKPOINT_KEEP": "3",
+        "ELASTRAIN_CHECKPOINT_ASYNC": "0", "ELASTRAIN_METRICS_PORT": "9500",
+    }
+
+
+def test_no_checkpoint_block_means_no_checkpoint_env() -> None:
+    env = render_trainer_env(spec(), "demo")
+    assert not [k for k in env if k.startswith("ELASTRAIN_CHECKPOINT")]
+    assert not [k for k in env if k.startswith(("PET_", "AWS_"))]
+
+
+def test_credentials_come_from_the_secret_and_user_env_goes_last() -> None:
+    env = render_worker_env(spec(
+        checkpoint={"uri": "s3://bkt/run", "region": "eu-1",
+                    "credentialsSecret": {"name": "creds", "accessKeyIdKey": "id"}},
+        env=[{"name": "ELASTRAIN_STEPS", "value": "7"},
+             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+        namespace="n", job_uid="u", job_name="j")
+    names = [e["name"] for e in env]
+    assert env[names.index("AWS_ACCESS_KEY_ID")] == {
+        "name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "id"}}}
+    assert env[names.index("AWS_SECRET_ACCESS_KEY")]["valueFrom"]["secretKeyRef"] == {
+        "name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}
+    assert {"name": "AWS_REGION", "value": "eu-1"} in env
+    assert env[-2:] == [{"name": "ELASTRAIN_STEPS", "value": "7"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert names.index("PET_NNODES") < names.index("ELASTRAIN_JOB_NAME") < names.index(
+        "AWS_ACCESS_KEY_ID")
+
+
+def test_default_command_runs_the_builtin_trainer_under_torchrun() -> None:
+    assert render_command(spec()) == ["torchrun", "-m", "elastrain_trainer"]
+    assert render_command(spec(command=["python", "train.py"])) == ["python", "train.py"]
