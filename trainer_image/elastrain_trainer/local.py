@@ -8,6 +8,7 @@ keep-alives, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -120,19 +121,15 @@ class LocalCluster:
     def kill(self, agent: Agent) -> None:
         """No notice: SIGKILL the worker(s) and the agent together (a lost node)."""
         for pid in [*descendants(agent.proc.pid), agent.proc.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def wait_agents(self, timeout: float) -> dict[str, int | None]:
         """Exit codes of all agents (None for those still running at the deadline)."""
         deadline = time.monotonic() + timeout
         for agent in self.agents:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         return {a.name: a.proc.poll() for a in self.agents}
 
     def stop(self) -> None:

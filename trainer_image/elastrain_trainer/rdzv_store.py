@@ -14,7 +14,7 @@ import sys
 import threading
 from datetime import timedelta
 
-from torch.distributed import TCPStore
+from torch._C._distributed_c10d import TCPStore
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,9 @@ class RunSummary:
 def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
     """Pure: derive the summary from records in any order (sorted by their time)."""
     ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
-    max_step, lost, worlds = 0, [], []
+    max_step = 0
+    lost: list[int] = []
+    worlds: list[int] = []
     final_loss: float | None = None
     for r in ordered:
         if r["event"] == "step":

@@ -91,15 +91,22 @@ def run(cfg: TrainerConfig) -> int:
             time.sleep(cfg.step_sleep_seconds)
         time_due = (cfg.checkpoint_interval_seconds > 0
                     and time.monotonic() - last_save >= cfg.checkpoint_interval_seconds)
-        stopping, time_due = stop.agree_with(control_pg, time_due)
+        # One all-reduce decides, unanimously: stop? seconds-interval due? any upload busy?
+        stopping, time_due, busy = stop.agree_with(control_pg, time_due, manager.in_flight())
         if stopping:
             emit("stopping", rank=denv.rank, step=t.progress.step, signalled=stop.signalled)
             manager.save(_save_request(t, cfg, dataset, world), blocking=True)
             manager.close()
             return _shutdown(stop.exit_code(), server)
         if should_checkpoint(t.progress.step, cfg.checkpoint_interval_steps, time_due):
-            manager.save(_save_request(t, cfg, dataset, world))
-            last_save = time.monotonic()
+            if busy:
+                # A slow or failing store must not stall training: skip, the next one retries.
+                if denv.is_coordinator:
+                    emit("checkpoint_deferred", step=t.progress.step,
+                         reason="previous upload still in flight")
+            else:
+                manager.save(_save_request(t, cfg, dataset, world))
+                last_save = time.monotonic()
         manager.poll()
 
     manager.save(_save_request(t, cfg, dataset, world), blocking=True)

@@ -6,6 +6,7 @@ connections, as they would when the server's node disappears.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -39,10 +40,8 @@ class TcpProxy:
         if listener is not None:
             listener.close()
         for c in conns:
-            try:
+            with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             c.close()
 
     def heal(self) -> None:
@@ -77,7 +76,5 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass

@@ -100,6 +100,10 @@ class CheckpointManager:
             self._finished(req.step, t0, time.monotonic() - t0, e)
         return time.monotonic() - t0
 
+    def in_flight(self) -> bool:
+        """True while a background save is still uploading (local view; agree before use)."""
+        return self._pending is not None and not self._pending.future.done()
+
     def poll(self) -> None:
         """Reap a finished background save (logs and metrics); never blocks."""
         if self._pending is not None and self._pending.future.done():

@@ -1,0 +1,146 @@
+"""Real torchrun agents against a real rendezvous store: preemption, loss of a node, and
+world-size changes. Models are tiny and runs short; the pacing sleep gives the test time to
+act mid-run and does not change the numerics."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from elastrain_trainer.local import LocalCluster
+from elastrain_trainer.summary import loss_curve, summarize
+
+from .conftest import trainer_env
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
+STEPS = 24
+RUN_TIMEOUT = 180.0
+
+
+def run_cluster(tmp: Path, env: dict[str, str], nodes: tuple[int, int], workers: int,
+                script: Any = None) -> tuple[LocalCluster, dict[str, int | None]]:
+    """Start a cluster, let `script(cluster)` inject events, wait for every agent to exit."""
+    cluster = LocalCluster(env, nodes[0], nodes[1], tmp / "logs", job_id=tmp.name,
+                           on_record=lambda agent, r: None)
+    try:
+        cluster.start(workers)
+        if script is not None:
+            script(cluster)
+        codes = cluster.wait_agents(timeout=RUN_TIMEOUT)
+    finally:
+        cluster.stop()
+    return cluster, codes
+
+
+def records(cluster: LocalCluster) -> list[dict[str, Any]]:
+    return [r for _, r in cluster.records]
+
+
+def load_checkpoint(root: Path, step: int, out: Path) -> dict[str, Any]:
+    """A committed DCP checkpoint as one plain (unsharded) state dict."""
+    path = out / f"step{step}.pt"
+    dcp_to_torch_save(root / f"step-{step:08d}", path)
+    state: dict[str, Any] = torch.load(path, weights_only=False)
+    return state
+
+
+def assert_identical(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where} keys differ"
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), f"{where} length differs"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def live_agents(cluster: LocalCluster) -> list[Any]:
+    return [a for a in cluster.agents if a.proc.poll() is None]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted DDP run at world size 2: its loss curve and final state."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cluster, codes = run_cluster(tmp, trainer_env(tmp), (2, 2), workers=2)
+    assert set(codes.values()) == {0}, codes
+    return {"curve": loss_curve(records(cluster)),
+            "state": load_checkpoint(tmp / "ckpt", STEPS, tmp)}
+
+
+def test_sigterm_at_random_steps_resumes_bit_identically(
+        reference: dict[str, Any], tmp_path: Path) -> None:
+    rng = random.Random()
+    first = rng.randint(3, 8)
+    second = first + rng.randint(5, 9)
+
+    def preempt_twice(cluster: LocalCluster) -> None:
+        for at in (first, second):
+            assert cluster.wait_for_step(at, timeout=RUN_TIMEOUT)
+            cluster.preempt(rng.choice(live_agents(cluster)))
+            cluster.add_agent()
+
+    env = trainer_env(tmp_path, step_sleep_seconds="0.15")
+    cluster, codes = run_cluster(tmp_path, env, (2, 2), workers=2, script=preempt_twice)
+    summary = summarize(records(cluster))
+    assert summary.finished, codes
+    assert summary.resumes == 2 and summary.steps_lost == 0, summary
+    final = load_checkpoint(tmp_path / "ckpt", STEPS, tmp_path)
+    for part in ("model", "optim"):
+        assert_identical(reference["state"][part], final[part], part)
+    assert final["trainer"]["samples_seen"] == reference["state"]["trainer"]["samples_seen"]
+
+
+def test_sigkill_of_a_worker_recovers_within_the_checkpoint_interval(tmp_path: Path) -> None:
+    interval = 4
+    kill_at = random.randint(6, 11)
+
+    def kill_one(cluster: LocalCluster) -> None:
+        assert cluster.wait_for_step(kill_at, timeout=RUN_TIMEOUT)
+        cluster.kill(cluster.agents[1])
+
+    # Synchronous saves: what is committed is exactly what the interval promises.
+    env = trainer_env(tmp_path, step_sleep_seconds="0.15", checkpoint_interval_steps=str(interval),
+                      checkpoint_async="0")
+    cluster, codes = run_cluster(tmp_path, env, (1, 2), workers=2, script=kill_one)
+    summary = summarize(records(cluster))
+    assert summary.finished, codes
+    assert codes["agent-0"] == 0
+    assert summary.resumes >= 1
+    assert all(lost <= interval for lost in summary.lost_per_resume), summary
+    assert summary.world_sizes[-1] == 1, summary
+
+
+def test_fsdp_two_one_two_workers_reshards_and_loss_stays_on_the_reference_curve(
+        reference: dict[str, Any], tmp_path: Path) -> None:
+    def shrink_then_grow(cluster: LocalCluster) -> None:
+        assert cluster.wait_for_step(7, timeout=RUN_TIMEOUT)
+        cluster.preempt(cluster.agents[1])
+        assert cluster.wait_for(lambda rs: any(r["event"] == "step" and r["world_size"] == 1
+                                               and r["step"] >= 12 for _, r in rs), RUN_TIMEOUT)
+        cluster.add_agent()
+
+    env = trainer_env(tmp_path, strategy="fsdp", step_sleep_seconds="0.15")
+    cluster, codes = run_cluster(tmp_path, env, (1, 2), workers=2, script=shrink_then_grow)
+    recs = records(cluster)
+    summary = summarize(recs)
+    assert summary.finished, codes
+    assert summary.world_sizes == [2, 1, 2], summary
+    resumes = [r for r in recs if r["event"] == "resumed"]
+    assert [(r["saved_world_size"], r["world_size"]) for r in resumes] == [(2, 1), (1, 2)]
+    assert summary.steps_lost == 0, summary
+    curve = loss_curve(recs)
+    assert sorted(curve) == list(range(1, STEPS + 1))
+    for step, loss in curve.items():
+        assert math.isclose(loss, reference["curve"][step], rel_tol=1e-3), (step, loss)
