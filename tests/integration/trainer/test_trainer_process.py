@@ -1,0 +1,96 @@
+"""The trainer as one real process (`python -m elastrain_trainer`, a world of one): fp16 with
+its grad scaler through a checkpoint, and an object store that goes away mid-run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_trainer.checkpoint import manifest as mf
+from elastrain_trainer.checkpoint.s3 import S3Storage
+from elastrain_trainer.events import parse_line
+
+from .conftest import make_s3_storage, s3_env, subprocess_env, trainer_env
+from .tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def run_trainer(env: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
+    proc = subprocess.run([sys.executable, "-m", "elastrain_trainer"], env=subprocess_env(env),
+                          capture_output=True, text=True, timeout=180)
+    recs = [r for r in map(parse_line, proc.stdout.splitlines()) if r is not None]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.returncode, recs
+
+
+def test_fp16_run_resumes_with_its_grad_scaler(tmp_path: Path) -> None:
+    env = trainer_env(tmp_path, precision="fp16", steps="6", checkpoint_interval_steps="3")
+    _, first = run_trainer(env)
+    _, second = run_trainer({**env, "ELASTRAIN_STEPS": "9"})
+    resumed = next(r for r in second if r["event"] == "resumed")
+    assert resumed["step"] == 6
+    steps = [r for r in first + second if r["event"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 10))
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    meta = json.loads((tmp_path / "ckpt" / "step-00000009" / "manifest.json").read_text())
+    assert meta["step"] == 9
+
+
+@pytest.mark.s3
+def test_store_outage_during_saves_does_not_stop_training(
+        s3_credentials: Any, tmp_path: Path) -> None:
+    s3 = s3_credentials
+    host, port = s3.endpoint_url.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    storage: S3Storage = make_s3_storage(s3, endpoint=s3.endpoint_url)
+    env = {**trainer_env(tmp_path, steps="40", checkpoint_interval_steps="2",
+                         step_sleep_seconds="0.1", checkpoint_uri=storage.uri,
+                         checkpoint_endpoint=proxy.endpoint), **s3_env(s3)}
+    proc = subprocess.Popen([sys.executable, "-m", "elastrain_trainer"],
+                            env=subprocess_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    recs: list[dict[str, Any]] = []
+    cond = threading.Condition()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if (r := parse_line(line)) is not None:
+                with cond:
+                    recs.append(r)
+                    cond.notify_all()
+
+    def wait_for(event: str, min_step: int = 0) -> dict[str, Any]:
+        with cond:
+            assert cond.wait_for(lambda: any(r["event"] == event and r.get("step", 0) >= min_step
+                                             for r in recs), timeout=120), event
+            return next(r for r in recs if r["event"] == event and r.get("step", 0) >= min_step)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        wait_for("checkpoint_saved", 2)
+        proxy.cut()
+        failed = wait_for("checkpoint_failed")
+        trained_during_outage = wait_for("step", failed["step"] + 4)
+        proxy.heal()
+        assert proc.wait(timeout=150) == 0
+    finally:
+        proxy.cut()
+        if proc.poll() is None:
+            proc.kill()
+    assert trained_during_outage["step"] > failed["step"]
+    saved_after = [r["step"] for r in recs
+                   if r["event"] == "checkpoint_saved" and r["step"] > failed["step"]]
+    assert saved_after and saved_after[-1] == 40
+    listing = mf.classify_keys(storage.list())
+    assert failed["step"] not in listing.committed
+    assert storage.read(mf.LATEST) == b"step-00000040"
+    storage.delete(storage.list())

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from elastrain_trainer import metrics
+from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.estimate import GIB, check_fits, estimate
+from elastrain_trainer.summary import summarize
+
+
+def test_fsdp_shards_model_states_and_ddp_does_not() -> None:
+    ddp = estimate(TrainerConfig(model="gpt-1b", strategy="ddp"), 8)
+    fsdp = estimate(TrainerConfig(model="gpt-1b", strategy="fsdp"), 8)
+    assert ddp.params_bytes == 4 * ddp.n_params
+    assert ddp.optimizer_bytes == 8 * ddp.n_params
+    assert fsdp.params_bytes == ddp.params_bytes // 8
+    assert fsdp.activations_bytes == ddp.activations_bytes
+    assert "gpt-1b" in fsdp.format() and "total" in fsdp.format()
+
+
+def test_checkpointing_and_half_precision_shrink_activations() -> None:
+    base = estimate(TrainerConfig(model="gpt-350m"), 1).activations_bytes
+    assert estimate(TrainerConfig(model="gpt-350m", precision="bf16"), 1).activations_bytes < base
+    ckpt = TrainerConfig(model="gpt-350m", activation_checkpointing=True)
+    assert estimate(ckpt, 1).activations_bytes < base / 4
+
+
+def test_a_config_that_cannot_fit_is_refused_with_the_estimate() -> None:
+    est = estimate(TrainerConfig(model="gpt-1b"), 1)
+    with pytest.raises(ValueError, match="ELASTRAIN_MODEL"):
+        check_fits(est, 4 * GIB, "a test host")
+    check_fits(estimate(TrainerConfig(), 1), 4 * GIB, "a test host")
+
+
+def test_summary_counts_steps_lost_per_resume() -> None:
+    recs = [{"event": "step", "step": s, "loss": 1.0, "world_size": 2, "time": s}
+            for s in range(1, 11)]
+    recs += [{"event": "resumed", "step": 8, "world_size": 1, "time": 10.5},
+             {"event": "step", "step": 9, "loss": 0.9, "world_size": 1, "time": 11},
+             {"event": "finished", "time": 12}]
+    s = summarize(recs)
+    assert (s.finished, s.resumes, s.steps_lost, s.world_sizes) == (True, 1, 2, [2, 1])
+
+
+def test_progress_document_has_the_operator_fields() -> None:
+    metrics.record_start(total_steps=50, world_size=2, restarts=0)
+    metrics.record_step(step=3, loss=float("nan"), duration_s=0.1, tokens=10)
+    metrics.record_committed(2, "s3://b/p/step-00000002", "2024-01-01T00:00:00Z")
+    doc = metrics.progress_document()
+    assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
+                   "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
+                                      "time": "2024-01-01T00:00:00Z"}}
