@@ -35,7 +35,8 @@ def test_samples_depend_only_on_seed_and_global_index() -> None:
 
 
 def test_text_windows_are_shuffled_per_epoch_and_cover_the_corpus() -> None:
-    corpus = bytes(random.Random(0).randrange(256) for _ in range(512))
+    rng = random.Random(0)
+    corpus = bytes(rng.randrange(256) for _ in range(512))
     ds = TextDataset(seq_len=15, seed=3, corpus=corpus)
     assert ds.windows == 32
     first_epoch = {bytes(ds.sample(i).tolist()) for i in range(32)}
