@@ -1,0 +1,166 @@
+"""One reconcile of one TrainingJob: parse -> observe -> plan -> write status -> apply -> events.
+
+Every kopf handler (create/update/resume, the timer, owned-pod events) calls reconcile_once(),
+which starts from a fresh read of the job, so nothing in this process's memory matters: an
+operator restarted at any moment picks up exactly where the cluster says things are. A status
+write that loses a race (409) makes the round start over from a fresh read.
+
+In-process, concurrent triggers for the same job are coalesced by JobGate: one round runs at a
+time per job, and triggers that arrive meanwhile make it run once more. Across processes kopf
+peering keeps a single active replica, and the status write's optimistic lock keeps counting
+exact even if two ever overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from elastrain_operator import metrics
+from elastrain_operator.k8s.apply import (
+    StatusConflict,
+    apply_children,
+    delete_job,
+    release_pod,
+    write_status,
+)
+from elastrain_operator.k8s.client import Kube, Manifest
+from elastrain_operator.k8s.events import post_events
+from elastrain_operator.k8s.observe import observe, orphaned_pods, read_job
+from elastrain_operator.model import conditions as c
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.status import TrainingJobStatus
+from elastrain_operator.policy.planning import plan
+from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
+from elastrain_operator.probe import poll_progress
+
+log = logging.getLogger(__name__)
+ROUNDS = 4  # fresh reads after a lost status race before giving up until the next trigger
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass(frozen=True)
+class Options:
+    poll_progress: bool = False
+    clock: Callable[[], datetime] = utcnow
+
+
+def reconcile_once(kube: Kube, namespace: str, name: str, options: Options = Options()) -> str:
+    """Bring one job's children and status in line with its spec; returns the result label."""
+    started = time.monotonic()
+    result = "error"
+    try:
+        result = _reconcile(kube, namespace, name, options)
+        return result
+    finally:
+        metrics.record_reconcile(result, time.monotonic() - started)
+
+
+def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
+    for _ in range(ROUNDS):
+        raw = read_job(kube, namespace, name)
+        if raw is None:
+            for pod in orphaned_pods(kube, namespace, name):
+                release_pod(kube, namespace, pod)
+            return "success"
+        now = options.clock()
+        try:
+            job = TrainingJob.model_validate(raw)
+        except ValidationError as err:
+            _report_unparseable(kube, raw, err, now)
+            return "success"
+        try:
+            _round(kube, raw, job, options, now)
+            return "success"
+        except StatusConflict:
+            log.debug("status of %s/%s changed under us; reading it again", namespace, name)
+    return "conflict"
+
+
+def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
+           now: datetime) -> None:
+    ns = job.metadata.namespace
+    children = observe(kube, job)
+    observed = children.observed
+    if options.poll_progress:
+        observed = replace(observed, progress=poll_progress(observed.workers,
+                                                            job.spec.metrics_port))
+    p = plan(job, observed, now=now)
+    if p.status != job.status:
+        write_status(kube, raw, p.status)
+    applied = apply_children(kube, ns, delete=p.delete_pods,
+                             release=p.release_pods + children.orphans, create=p.create)
+    if p.delete_job:
+        delete_job(kube, ns, job.metadata.name)
+    events = list(p.events) + [EventSpec("Warning", c.CREATE_FAILED, e)
+                               for e in applied.create_errors]
+    post_events(kube, raw, events, now)
+    metrics.record_workers_created(applied.workers_created)
+    metrics.record_losses(restarts=p.counted_restarts, preemptions=p.counted_preemptions)
+    if p.recovered_after_seconds is not None:
+        metrics.record_recovery(p.recovered_after_seconds)
+    metrics.record_job_phase(job.metadata.uid, None if p.delete_job else p.status.phase)
+    if p.create or p.delete_pods or p.counted_restarts or p.counted_preemptions:
+        log.info("reconciled %s/%s: phase=%s created=%d deleted=%d restarts=%d preemptions=%d",
+                 ns, job.metadata.name, p.status.phase, len(p.create), len(p.delete_pods),
+                 p.status.restarts, p.status.preemptions)
+
+
+def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:
+    """The apiserver accepted what our model refuses: say so in status, never crash-loop."""
+    try:
+        status = TrainingJobStatus.model_validate(raw.get("status") or {})
+    except ValidationError:
+        status = TrainingJobStatus()
+    message = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                        for e in err.errors())[:2000]
+    generation = int(raw["metadata"].get("generation", 0))
+    new = status.model_copy(update={
+        "conditions": set_condition(status.conditions, make_condition(
+            c.VALID, False, c.INVALID_SPEC, message, now=now, generation=generation)),
+        "observed_generation": generation})
+    if new != status:
+        try:
+            write_status(kube, raw, new)
+        except StatusConflict:
+            return
+        post_events(kube, raw, [EventSpec("Warning", c.INVALID_SPEC, message)], now)
+
+
+class JobGate:
+    """Coalesce concurrent triggers per job: one round at a time, one more if any arrived."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()
+
+    def run(self, key: tuple[str, str], fn: Callable[[], object]) -> bool:
+        """Run fn now, or mark it to run again by whoever is running it; True if we ran it."""
+        with self._lock:
+            if key in self._running:
+                self._dirty.add(key)
+                return False
+            self._running.add(key)
+        try:
+            while True:
+                fn()
+                with self._lock:  # leave in the same critical section that checks for more
+                    if key not in self._dirty:
+                        self._running.discard(key)
+                        return True
+                    self._dirty.discard(key)
+        except BaseException:
+            with self._lock:
+                self._running.discard(key)
+                self._dirty.discard(key)
+            raise

@@ -1,0 +1,93 @@
+"""kopf settings in one startup handler, and the runtime options __main__ hands over.
+
+- Progress and diff-base in annotations (prefix elastrain.dev): the structural status schema
+  would prune kopf's default `status.kopf`, and the status is ours alone.
+- Watch timeouts so a silently dead watch connection is noticed and re-established.
+- Peering: the operator creates its KopfPeering object (per watched namespace) or
+  ClusterKopfPeering when missing, so HA needs only the peering CRDs (crds/kopf-peering.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from elastrain_operator import metrics
+from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
+
+log = logging.getLogger(__name__)
+PEERING_GROUP_VERSION = "kopf.dev/v1"
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Test and tuning knobs: ELASTRAIN_* seconds from the environment."""
+    return float(os.environ.get(name, default))
+
+
+TIMER_INTERVAL_SECONDS = env_seconds("ELASTRAIN_TIMER_INTERVAL_SECONDS", 5.0)
+PROGRESS_INTERVAL_SECONDS = env_seconds("ELASTRAIN_PROGRESS_INTERVAL_SECONDS", 15.0)
+HANDLER_BACKOFF_SECONDS = env_seconds("ELASTRAIN_HANDLER_BACKOFF_SECONDS", 2.0)
+
+
+@dataclass
+class RuntimeOptions:
+    """What the command line decided; carried to handlers in kopf's memo."""
+
+    standalone: bool = False
+    peering_name: str = "elastrain"
+    priority: int = 0
+    clusterwide: bool = False
+    namespaces: list[str] = field(default_factory=list)
+    metrics_port: int = 0
+    peering_lifetime_seconds: int = 60
+
+
+@dataclass
+class OperatorState:
+    """The per-process objects handlers share (a client, not cluster state)."""
+
+    kube: Kube | None = None
+    last_progress_poll: dict[str, float] = field(default_factory=dict)
+
+
+def _ensure_peering(kube: Kube, options: RuntimeOptions) -> None:
+    name = options.peering_name
+    body: dict[str, Any] = {"apiVersion": PEERING_GROUP_VERSION, "metadata": {"name": name}}
+    try:
+        if options.clusterwide:
+            kube.create(f"/apis/{PEERING_GROUP_VERSION}/clusterkopfpeerings",
+                        {**body, "kind": "ClusterKopfPeering"})
+            return
+        for ns in options.namespaces:
+            if any(ch in ns for ch in "*?[!"):
+                continue  # a pattern, not a namespace: its peering objects are the admin's job
+            kube.create(f"/apis/{PEERING_GROUP_VERSION}/namespaces/{ns}/kopfpeerings",
+                        {**body, "kind": "KopfPeering",
+                         "metadata": {"name": name, "namespace": ns}})
+    except KubeError as err:
+        log.error("cannot create the kopf peering object %r (are crds/kopf-peering.yaml "
+                  "installed?): %s", name, err)
+
+
+def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    options: RuntimeOptions = memo.options
+    state: OperatorState = memo.state
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="elastrain.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="elastrain.dev", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # our own events say what happened
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 10
+    settings.peering.stealth = True
+    settings.peering.lifetime = options.peering_lifetime_seconds
+    settings.execution.max_workers = 16
+    state.kube = Kube(load_api_client())
+    if not options.standalone:
+        _ensure_peering(state.kube, options)
+    metrics.serve(options.metrics_port)
