@@ -121,6 +121,8 @@ def test_operator_pod_is_restricted(ci_render: list[Manifest]) -> None:
 @pytest.mark.parametrize("bad", [
     "securityContext.allowPrivilegeEscalation=true",
     "securityContext.runAsNonRoot=false",
+    "securityContext.readOnlyRootFilesystem=false",
+    "securityContext.seccompProfile.type=Unconfined",
     "podSecurityContext.runAsNonRoot=false",
     "podSecurityContext.runAsUser=0",
     "securityContext.capabilities.add[0]=SYS_ADMIN",
@@ -161,7 +163,10 @@ def test_more_than_one_replica_requires_peering() -> None:
 
 
 def test_peering_names_the_peering_object_the_chart_creates() -> None:
-    docs = render(sets=["replicaCount=3", "peering.enabled=true", "peering.name=prod"])
+    assert not of_kind(render(sets=["peering.enabled=true"]), "ClusterKopfPeering"), (
+        "by default the operator creates its own peering object")
+    docs = render(sets=["replicaCount=3", "peering.enabled=true", "peering.name=prod",
+                        "peering.create=true"])
     args = _container(docs)["args"]
     assert "--peering=prod" in args and "--standalone" not in args
     assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "prod"
@@ -170,7 +175,8 @@ def test_peering_names_the_peering_object_the_chart_creates() -> None:
 
 
 def test_namespaced_operator_peers_in_each_watched_namespace() -> None:
-    docs = render(sets=["peering.enabled=true", "operator.watchNamespaces.a=true",
+    docs = render(sets=["peering.enabled=true", "peering.create=true",
+                        "operator.watchNamespaces.a=true",
                         "operator.watchNamespaces.b=true", "operator.watchNamespaces.c=false"])
     assert sorted(p["metadata"]["namespace"] for p in of_kind(docs, "KopfPeering")) == ["a", "b"]
     args = _container(docs)["args"]
