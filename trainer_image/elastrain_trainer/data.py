@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from elastrain_trainer.model import VOCAB_SIZE
+from elastrain_trainer.presets import VOCAB_SIZE
 
 # Large odd multiplier so neighbouring (seed, index) pairs give unrelated generator seeds.
 _MIX = 0x9E3779B97F4A7C15

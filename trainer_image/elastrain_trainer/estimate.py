@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastrain_trainer.config import TrainerConfig
-from elastrain_trainer.model import PRESETS, count_parameters
+from elastrain_trainer.presets import PRESETS, count_parameters
 
 GIB = 1 << 30
 # Framework, allocator and communication buffers per process, measured loosely.

@@ -50,3 +50,19 @@ def test_progress_document_has_the_operator_fields() -> None:
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
                                       "time": "2024-01-01T00:00:00Z"}}
+
+
+def test_metrics_server_serves_prometheus_and_progress() -> None:
+    import json
+    import urllib.request
+
+    server = metrics.serve(0, host="127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert "elastrain_trainer_steps_total" in text
+        assert "elastrain_trainer_checkpoint_save_duration_seconds_bucket" in text
+        doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
+        assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint"}
+    finally:
+        server.shutdown()
