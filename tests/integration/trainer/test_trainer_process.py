@@ -94,3 +94,16 @@ def test_store_outage_during_saves_does_not_stop_training(
     assert failed["step"] not in listing.committed
     assert storage.read(mf.LATEST) == b"step-00000040"
     storage.delete(storage.list())
+
+
+def test_fsdp_bf16_activation_checkpointing_text_wsd_guard_combine(tmp_path: Path) -> None:
+    env = trainer_env(tmp_path, strategy="fsdp", precision="bf16", dataset="text",
+                      activation_checkpointing="1", lr_schedule="wsd", spike_factor="4",
+                      steps="8", checkpoint_interval_seconds="1", step_sleep_seconds="0.2")
+    _, recs = run_trainer(env)
+    steps = [r for r in recs if r["event"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert any(r["event"] == "checkpoint_saved" and r["step"] < 8 for r in recs)
+    sidecar = json.loads((tmp_path / "ckpt" / "step-00000008" / "sidecar.json").read_text())
+    assert (sidecar["strategy"], sidecar["step"], sidecar["world_size"]) == ("fsdp", 8, 1)
