@@ -87,6 +87,9 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.stealth = True
     settings.peering.lifetime = options.peering_lifetime_seconds
     settings.execution.max_workers = 16
+    # The TTL deletes the job from inside its own timer; kopf re-checks whether that timer has
+    # exited only every cancellation_polling seconds (60 by default) before it lets the job go.
+    settings.background.cancellation_polling = 1.0
     state.kube = Kube(load_api_client())
     if not options.standalone:
         _ensure_peering(state.kube, options)

@@ -1,0 +1,246 @@
+"""The operator against a real apiserver, scheduler and garbage collector; pods are driven by hand.
+
+Each test runs `python -m elastrain_operator --standalone --namespace <test ns>` with a 1 s timer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.integration.operator.conftest import Cluster, Operator, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in pod["spec"]["containers"][0]["env"]}
+
+
+def running(cluster: Cluster, names: list[str], job: str = "demo") -> None:
+    cluster.wait_workers(names, job)
+    cluster.run_all(job)
+    wait_for("phase Running with all workers ready",
+             lambda: cluster.status(job).get("workers") == f"{len(names)}/{len(names)}"
+             and cluster.status(job).get("phase") == "Running")
+
+
+def test_create_renders_owned_children(cluster: Cluster, operator: Operator) -> None:
+    job = cluster.create_job(replicas=2, rendezvous={"store": {"nodeSelector": {
+        "kubernetes.io/hostname": "node-a"}}})
+    cluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    pods = cluster.pods()
+    store = wait_for("store pod", lambda: cluster.pods(role="rdzv-store").get("demo-rdzv"))
+    for pod in [*pods.values(), store]:
+        (owner,) = pod["metadata"]["ownerReferences"]
+        assert owner["uid"] == job["metadata"]["uid"] and owner["controller"] is True
+    worker = pods["demo-worker-1-0"]
+    assert worker["spec"]["hostname"] == "demo-worker-1"
+    assert worker["spec"]["subdomain"] == "demo-workers"
+    assert worker["metadata"]["finalizers"] == ["elastrain.dev/worker-accounting"]
+    env = env_of(worker)
+    assert env["PET_RDZV_ENDPOINT"] == f"demo-rdzv.{cluster.ns}.svc:29400"
+    assert env["PET_RDZV_CONF"].startswith("is_host=false,")
+    assert env["PET_RDZV_ID"] == job["metadata"]["uid"]
+    assert store["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-a"}
+    services = cluster.kubectl("get", "svc", "-o", "json").stdout
+    names = {s["metadata"]["name"]: s for s in json.loads(services)["items"]}
+    assert names["demo-workers"]["spec"]["clusterIP"] == "None"
+    assert names["demo-rdzv"]["spec"]["ports"][0]["port"] == 29400
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    status = cluster.status()
+    assert status["readyReplicas"] == 2 and status["replicas"] == 2
+    assert cluster.condition("Running")["status"] == "True"
+    assert wait_for("WorkersRunning event", lambda: cluster.events("WorkersRunning"))
+
+
+def test_preempted_worker_is_replaced_without_spending_restarts(
+        cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.exit("demo-worker-1-0", 143, disruption="PreemptionByScheduler")
+    cluster.wait_workers(["demo-worker-0-0", "demo-worker-1-1"])
+    status = wait_for("preemption counted", lambda: cluster.status()
+                      if cluster.status().get("preemptions") == 1 else None)
+    assert status["restarts"] == 0
+    assert status["recentLosses"][0]["reason"] == "DisruptionTarget: PreemptionByScheduler"
+    assert wait_for("WorkerPreempted event", lambda: cluster.events("WorkerPreempted"))
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-1"])
+    wait_for("recovered", lambda: "recoveringSince" not in cluster.status())
+
+
+def test_eviction_and_deletion_count_as_preemptions(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.evict("demo-worker-0-0")
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-0"])
+    cluster.delete_pod("demo-worker-1-0")
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"])
+    wait_for("two preemptions", lambda: cluster.status().get("preemptions") == 2)
+    kinds = [loss["reason"] for loss in cluster.status()["recentLosses"]]
+    assert kinds[0] == "DisruptionTarget: EvictionByEvictionAPI"
+    assert cluster.status()["restarts"] == 0
+    # Old pods are gone for good: the finalizer was released after counting.
+    wait_for("stale pods gone", lambda: sorted(cluster.pods(live=False)) == [
+        "demo-worker-0-1", "demo-worker-1-1"])
+
+
+def test_failures_back_off_then_exhaust_the_budget(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2, restartPolicy={"maxRestarts": 1, "backoffSeconds": 2,
+                                                  "maxBackoffSeconds": 2})
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.exit("demo-worker-0-0", 1)
+    status = wait_for("restart counted", lambda: cluster.status()
+                      if cluster.status().get("restarts") == 1 else None)
+    assert status["preemptions"] == 0 and status.get("restartBackoffUntil")
+    assert wait_for("Backoff reported", lambda: cluster.condition("Restarting").get("reason")
+                    in ("Backoff", "WorkerFailed"))
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-0"])
+    cluster.run_all()
+    cluster.exit("demo-worker-1-0", 137, reason="OOMKilled")
+    wait_for("job failed", lambda: cluster.status().get("phase") == "Failed")
+    failed = cluster.condition("Failed")
+    assert failed["reason"] == "MaxRestartsExceeded"
+    assert "spec.restartPolicy.maxRestarts (1)" in failed["message"]
+    assert cluster.status()["restarts"] == 2
+    assert wait_for("MaxRestartsExceeded event", lambda: cluster.events("MaxRestartsExceeded"))
+    # Running workers and the store go; the failed pod stays for its logs, finalizer released.
+    wait_for("running workers deleted", lambda: cluster.worker_names() == ["demo-worker-1-0"])
+    assert not cluster.pods(role="rdzv-store")
+    assert cluster.pods()["demo-worker-1-0"]["metadata"].get("finalizers") in (None, [])
+
+
+def test_scale_subresource_and_pending_workers(cluster: Cluster, operator: Operator) -> None:
+    # The fake node has 64 CPUs: three 30-CPU workers cannot all be scheduled.
+    cluster.create_job(replicas=1, resources={"requests": {"cpu": "30"}})
+    running(cluster, ["demo-worker-0-0"])
+    cluster.kubectl("scale", "tj/demo", "--replicas=3")
+    cluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"])
+    wait_for("one worker unschedulable", lambda: cluster.status().get("pendingReplicas") == 2)
+    cluster.run("demo-worker-1-0")
+    wait_for("pending reported", lambda: cluster.status().get("pendingReplicas") == 1
+             and cluster.condition("AllWorkersRunning").get("reason") == "WorkersPending")
+    assert cluster.status()["phase"] == "Running"
+    assert "Insufficient cpu" in wait_for(
+        "scheduler message", lambda: cluster.condition("AllWorkersRunning")["message"]
+        if "Insufficient" in cluster.condition("AllWorkersRunning")["message"] else None)
+    cluster.kubectl("scale", "tj/demo", "--replicas=1")
+    cluster.wait_workers(["demo-worker-0-0"])
+    wait_for("scaled down", lambda: cluster.status().get("workers") == "1/1")
+    status = cluster.status()
+    assert (status["restarts"], status["preemptions"], status["pendingReplicas"]) == (0, 0, 0)
+    scale = cluster.kubectl("get", "--raw", f"/apis/elastrain.dev/v1alpha1/namespaces/"
+                            f"{cluster.ns}/trainingjobs/demo/scale").stdout
+    assert json.loads(scale)["status"]["selector"] == (
+        "elastrain.dev/job-name=demo,elastrain.dev/role=worker")
+
+
+def test_suspend_and_resume(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.patch_spec(suspend=True)
+    cluster.wait_workers([])
+    wait_for("Suspended", lambda: cluster.status().get("phase") == "Suspended")
+    wait_for("store deleted", lambda: not cluster.pods(role="rdzv-store", live=False))
+    assert cluster.condition("Suspended")["status"] == "True"
+    cluster.patch_spec(suspend=False)
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"])
+    running(cluster, ["demo-worker-0-1", "demo-worker-1-1"])
+    assert cluster.condition("Suspended")["reason"] == "JobResumed"
+    status = cluster.status()
+    assert (status["restarts"], status["preemptions"]) == (0, 0)
+
+
+def test_success_then_ttl_deletes_the_job(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2, ttlSecondsAfterFinished=2)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.exit("demo-worker-0-0", 0, reason="Completed")
+    wait_for("finishing", lambda: cluster.condition("Running").get("reason") == "JobFinishing")
+    assert cluster.status()["phase"] == "Running"  # one worker done is not the job done
+    cluster.exit("demo-worker-1-0", 0, reason="Completed")
+    wait_for("Succeeded", lambda: cluster.status().get("phase") == "Succeeded")
+    assert cluster.condition("Succeeded")["reason"] == "AllWorkersSucceeded"
+    wait_for("TTL deleted the job", lambda: cluster.job() is None, timeout=30)
+    wait_for("children collected", lambda: not cluster.pods(live=False)
+             and not cluster.pods(role="rdzv-store", live=False), timeout=60)
+
+
+def test_deadline_fails_the_job(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(replicas=2, activeDeadlineSeconds=3)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    wait_for("deadline", lambda: cluster.status().get("phase") == "Failed", timeout=30)
+    assert cluster.condition("Failed")["reason"] == "DeadlineExceeded"
+    cluster.wait_workers([])
+
+
+def test_deleting_the_job_garbage_collects_everything(cluster: Cluster,
+                                                      operator: Operator) -> None:
+    cluster.create_job(replicas=3)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"])
+    cluster.kubectl("delete", "tj/demo", "--wait=false")
+    wait_for("pods collected", lambda: not cluster.pods(live=False)
+             and not cluster.pods(role="rdzv-store", live=False), timeout=60)
+    wait_for("services collected", lambda: not json.loads(
+        cluster.kubectl("get", "svc", "-o", "json").stdout)["items"], timeout=60)
+
+
+def test_invalid_spec_is_a_condition_not_a_crash(cluster: Cluster, operator: Operator) -> None:
+    cluster.create_job(name="auto", nprocPerNode="auto")
+    wait_for("Valid=False", lambda: cluster.condition("Valid", "auto").get("status") == "False")
+    assert "spec.nprocPerNode" in cluster.condition("Valid", "auto")["message"]
+    assert not cluster.pods("auto")
+    cluster.create_job(name="creds", checkpoint={"uri": "s3://bucket/run",
+                                                  "credentialsSecret": {"name": "missing"}})
+    cluster.wait_workers(["creds-worker-0-0", "creds-worker-1-0"], job="creds")
+    cluster.pod_status("creds-worker-0-0", {"containerStatuses": [{
+        "name": "trainer", "image": "trainer:dev", "imageID": "", "ready": False,
+        "restartCount": 0, "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                 "message": 'secret "missing" not found'}}}]})
+    wait_for("kubelet error reported", lambda: 'secret "missing" not found' in
+             cluster.condition("Valid", "creds").get("message", ""))
+    assert cluster.worker_names("creds") == ["creds-worker-0-0", "creds-worker-1-0"]
+    assert operator.proc is not None and operator.proc.poll() is None
+
+
+class _Progress(BaseHTTPRequestHandler):
+    payload: dict[str, Any] = {}
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.payload).encode()
+        self.send_response(200 if self.path == "/progress" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def progress_server() -> Iterator[ThreadingHTTPServer]:
+    _Progress.payload = {"step": 42, "totalSteps": 100, "loss": 2.5, "worldSize": 2,
+                         "lastCheckpoint": {"step": 40, "uri": "s3://bucket/run/step-40",
+                                            "time": "2026-01-01T00:00:00Z"}}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Progress)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def test_progress_is_polled_from_ready_workers(cluster: Cluster, operator: Operator,
+                                               progress_server: ThreadingHTTPServer) -> None:
+    cluster.create_job(replicas=1, metricsPort=progress_server.server_address[1])
+    running(cluster, ["demo-worker-0-0"])
+    status = wait_for("progress in status", lambda: cluster.status()
+                      if cluster.status().get("progress") else None)
+    assert status["progress"] == {"step": 42, "totalSteps": 100, "loss": 2.5, "worldSize": 2}
+    assert status["lastCheckpoint"]["uri"] == "s3://bucket/run/step-40"
+    columns = cluster.kubectl("get", "tj", "demo").stdout.splitlines()[1].split()
+    assert columns[:5] == ["demo", "Running", "1/1", "42", "40"]
