@@ -127,11 +127,13 @@ def test_fsdp_two_one_two_workers_reshards_and_loss_stays_on_the_reference_curve
     def shrink_then_grow(cluster: LocalCluster) -> None:
         assert cluster.wait_for_step(7, timeout=RUN_TIMEOUT)
         cluster.preempt(cluster.agents[1])
+        # Grow as soon as the world of one trains: a new agent needs seconds to start and
+        # join, and the slower pacing below leaves it that runway before step 24.
         assert cluster.wait_for(lambda rs: any(r["event"] == "step" and r["world_size"] == 1
-                                               and r["step"] >= 12 for _, r in rs), RUN_TIMEOUT)
+                                               for _, r in rs), RUN_TIMEOUT)
         cluster.add_agent()
 
-    env = trainer_env(tmp_path, strategy="fsdp", step_sleep_seconds="0.15")
+    env = trainer_env(tmp_path, strategy="fsdp", step_sleep_seconds="0.6")
     cluster, codes = run_cluster(tmp_path, env, (1, 2), workers=2, script=shrink_then_grow)
     recs = records(cluster)
     summary = summarize(recs)
