@@ -67,7 +67,7 @@ def test_strict_validation_refuses_a_misspelled_monitor_field(
 def test_helm_install_on_the_real_apiserver(install_chart: Installer, monitoring_crds: Any,
                                             kube_namespace: str, values: Path) -> None:
     _ensure_namespaces(monitoring_crds, _watched(values))
-    release, done = install_chart(kube_namespace, "--values", str(values),
+    _, done = install_chart(kube_namespace, "--values", str(values),
                                   "--set", f"fullnameOverride=et-{kube_namespace[-8:]}")
     assert "STATUS: deployed" in done.stdout
     assert "kubectl get trainingjobs" in done.stdout  # NOTES.txt rendered

@@ -87,7 +87,7 @@ def exporters() -> Iterator[dict[str, str]]:
             procs.append(subprocess.Popen([sys.executable, str(EXPORTERS), role, str(port)],
                                           env=env, stderr=subprocess.PIPE, text=True))
             urls[role] = f"http://127.0.0.1:{port}/metrics"
-        for role, url in urls.items():
+        for url in urls.values():
             _wait(url)
         yield urls
     finally:
@@ -158,7 +158,8 @@ def test_every_dashboard_query_returns_data(prometheus: str) -> None:
     assert len(queries) >= 10
     deadline = time.monotonic() + 45
     while True:
-        empty = [(title, expr) for title, expr in queries if not _has_data(_query(prometheus, expr))]
+        empty = [(title, expr) for title, expr in queries
+                 if not _has_data(_query(prometheus, expr))]
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -179,7 +180,7 @@ def test_both_exporters_are_scraped_healthy(prometheus: str) -> None:
 
 def test_namespace_variable_really_filters(prometheus: str) -> None:
     """A query for another namespace is empty, so the data above is not there by accident."""
-    expr = f'elastrain_trainer_loss{{namespace=~"other-namespace"}}'
+    expr = 'elastrain_trainer_loss{namespace=~"other-namespace"}'
     assert _query(prometheus, f"elastrain_trainer_loss{{namespace=~\"{NAMESPACE}\"}}")
     assert _query(prometheus, expr) == []
 
