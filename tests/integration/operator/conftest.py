@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -43,7 +43,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0,
             last = err
         else:
             if last:
-                return last
+                return cast(T, last)
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
@@ -220,6 +220,9 @@ def peering_crds(crd: Any) -> Any:
     kubectl(crd, "apply", "--server-side", "-f", str(PEERING_CRDS))
     for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
         kubectl(crd, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    # Discovery lags Established; an operator started before it would not see the peering kind.
+    wait_for("kopf peering kinds in discovery",
+             lambda: kubectl(crd, "get", "kopfpeerings", "-A", check=False).returncode == 0)
     return crd
 
 

@@ -1,0 +1,152 @@
+"""The operator killed at random moments, and two replicas under kopf peering.
+
+Counting is exact only if an operator restart at any point neither loses nor repeats a count:
+the tests kill the operator with SIGKILL while workers are being lost, replaced and scaled, and
+then compare the job's counters with the losses the test itself caused.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.operator.conftest import Cluster, Operator, wait_for
+
+pytestmark = pytest.mark.cluster
+KILLS = 10
+
+
+def live_indexes(cluster: Cluster) -> list[int]:
+    return sorted(int(p["metadata"]["labels"]["elastrain.dev/worker-index"])
+                  for p in cluster.pods().values())
+
+
+def converged(cluster: Cluster, desired: int, gone: set[str]) -> bool:
+    pods = cluster.pods()
+    return live_indexes(cluster) == list(range(desired)) and not gone & set(pods)
+
+
+def assert_exact(cluster: Cluster, desired: int, expected: dict[str, int]) -> None:
+    wait_for("counters and workers settled", lambda: converged(cluster, desired, set())
+             and {k: cluster.status().get(k) for k in expected} == expected, timeout=60)
+    slots = {s["index"]: s["attempt"] for s in cluster.status()["slots"]}
+    everything = cluster.pods(live=False)
+    for name, pod in everything.items():
+        labels = pod["metadata"]["labels"]
+        assert pod["metadata"]["ownerReferences"], f"{name} is orphaned"
+        index, attempt = int(labels["elastrain.dev/worker-index"]), int(
+            labels["elastrain.dev/attempt"])
+        if not pod["metadata"].get("deletionTimestamp"):
+            assert slots[index] == attempt, f"{name} is not its slot's current attempt"
+
+
+class Chaos(threading.Thread):
+    """SIGKILL the operator and start it again, KILLS times, at random moments."""
+
+    def __init__(self, op: Operator, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.op, self.rng = op, rng
+        self.kills = 0
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while self.kills < KILLS:
+            time.sleep(self.rng.uniform(0.5, 3.0))
+            with self.lock:
+                self.op.kill()
+                self.kills += 1
+                if self.rng.random() < 0.3:
+                    time.sleep(self.rng.uniform(0.5, 2.0))  # sometimes stay down a while
+                self.op.start()
+
+
+def test_sigkill_at_random_points_keeps_counts_exact(
+        cluster: Cluster, operator_factory: Callable[..., Operator]) -> None:
+    seed = int(os.environ.get("ELASTRAIN_CHAOS_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    print(f"chaos seed {seed}")
+    op = operator_factory()
+    op.start()
+    desired = 3
+    cluster.create_job(replicas=desired, minReplicas=1, maxReplicas=5,
+                       restartPolicy={"maxRestarts": 1000, "backoffSeconds": 0})
+    wait_for("first workers", lambda: converged(cluster, desired, set()), timeout=60)
+    expected = {"preemptions": 0, "restarts": 0}
+    chaos = Chaos(op, rng)
+    chaos.start()
+    actions = 0
+    while actions < 14 or chaos.is_alive():
+        cluster.run_all()
+        victim = rng.choice(sorted(cluster.pods()))
+        action = rng.choice(["preempt", "fail", "evict", "delete", "scale"])
+        gone = {victim}
+        if action == "preempt":
+            cluster.exit(victim, 143, disruption=rng.choice(
+                ["PreemptionByScheduler", "TerminationByKubelet", "DeletionByTaintManager"]))
+            expected["preemptions"] += 1
+        elif action == "fail":
+            cluster.exit(victim, rng.choice([1, 137]))
+            expected["restarts"] += 1
+        elif action == "evict":
+            cluster.evict(victim)
+            expected["preemptions"] += 1
+        elif action == "delete":
+            cluster.delete_pod(victim)
+            expected["preemptions"] += 1
+        else:
+            desired = rng.choice([d for d in range(1, 6) if d != desired])
+            cluster.kubectl("scale", "tj/demo", f"--replicas={desired}")
+            gone = set()
+        actions += 1
+        wait_for(f"action {actions} ({action} {victim}) handled",
+                 lambda gone=gone, desired=desired: converged(cluster, desired, gone),
+                 timeout=60)
+    chaos.join()
+    assert chaos.kills == KILLS
+    assert_exact(cluster, desired, expected)
+    assert cluster.status()["phase"] == "Running"
+
+
+def _reconciled(op: Operator) -> int:
+    return op.logs().count("reconciled ")
+
+
+def test_two_replicas_only_the_higher_priority_acts(
+        cluster: Cluster, peering_crds: Any, operator_factory: Callable[..., Operator]) -> None:
+    common = ("--peering", "elastrain", "--peering-lifetime", "8")
+    high = operator_factory(*common, "--priority", "100", name="high")
+    low = operator_factory(*common, "--priority", "50", name="low")
+    high.start()
+    low.start()
+    # Both replicas announced themselves: from then on the lower one stays paused (it logs
+    # "Pausing" only if it was active first, so the peering object is what the test waits on).
+    wait_for("both replicas in the peering object", lambda: len((cluster.kube.get(
+        f"/apis/kopf.dev/v1/namespaces/{cluster.ns}/kopfpeerings/elastrain") or {}).get(
+        "status") or {}) == 2)
+    wait_for("the high-priority replica is active", lambda: "Resuming operations" in high.logs())
+    cluster.create_job(replicas=2, restartPolicy={"backoffSeconds": 0})
+    wait_for("workers", lambda: converged(cluster, 2, set()), timeout=60)
+    cluster.run_all()
+    cluster.exit("demo-worker-0-0", 143, disruption="PreemptionByScheduler")
+    wait_for("replacement", lambda: converged(cluster, 2, {"demo-worker-0-0"}), timeout=60)
+    assert_exact(cluster, 2, {"preemptions": 1, "restarts": 0})
+    assert _reconciled(high) >= 2
+    assert _reconciled(low) == 0, "the paused replica acted"
+
+    # The active replica dies without a goodbye: the other takes over once its record expires.
+    resumed = low.logs().count("Resuming operations")
+    high.kill()
+    wait_for("the low-priority replica resumes",
+             lambda: low.logs().count("Resuming operations") > resumed, timeout=60)
+    cluster.run_all()
+    cluster.exit("demo-worker-1-0", 1)
+    wait_for("replacement by the survivor",
+             lambda: converged(cluster, 2, {"demo-worker-1-0"}), timeout=60)
+    assert_exact(cluster, 2, {"preemptions": 1, "restarts": 1})
+    assert _reconciled(low) >= 1
