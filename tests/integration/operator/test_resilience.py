@@ -7,6 +7,7 @@ then compare the job's counters with the losses the test itself caused.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
@@ -104,9 +105,8 @@ def test_sigkill_at_random_points_keeps_counts_exact(
             cluster.kubectl("scale", "tj/demo", f"--replicas={desired}")
             gone = set()
         actions += 1
-        wait_for(f"action {actions} ({action} {victim}) handled",
-                 lambda gone=gone, desired=desired: converged(cluster, desired, gone),
-                 timeout=60)
+        settled = functools.partial(converged, cluster, desired, gone)
+        wait_for(f"action {actions} ({action} {victim}) handled", settled, timeout=60)
     chaos.join()
     assert chaos.kills == KILLS
     assert_exact(cluster, desired, expected)
