@@ -7,6 +7,7 @@ from __future__ import annotations
 from math import lcm
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -39,6 +40,42 @@ def test_example_parses_with_the_operator_model(path: Path, doc: Manifest) -> No
 
     job = TrainingJob.model_validate(doc)
     assert job.metadata.namespace == doc["metadata"]["namespace"]
+
+
+def _crd_schema() -> dict[str, object]:
+    crd = yaml.safe_load((ROOT / "crds" / "trainingjobs.elastrain.dev.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
+    schema: dict[str, object] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _closed(schema: object) -> object:
+    """Structural schemas prune unknown fields; for an offline check refuse them instead."""
+    if isinstance(schema, dict):
+        closed = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in closed and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            closed.setdefault("additionalProperties", False)
+        return closed
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    return schema
+
+
+@pytest.mark.parametrize(("path", "doc"), JOBS, ids=JOB_IDS)
+def test_example_validates_offline_against_the_crd_schema(path: Path, doc: Manifest) -> None:
+    # OpenAPI v3 schemas in CRDs use draft-4 semantics (boolean exclusiveMinimum).
+    validator = jsonschema.Draft4Validator(_closed(_crd_schema()))
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(doc)]
+    assert not errors
+
+
+def test_offline_crd_schema_check_can_fail() -> None:
+    _, doc = JOBS[0]
+    bad = {**doc, "spec": {**doc["spec"], "replicas": "two", "typo": 1}}
+    validator = jsonschema.Draft4Validator(_closed(_crd_schema()))
+    messages = " ".join(e.message for e in validator.iter_errors(bad))
+    assert "'two' is not of type 'integer'" in messages and "typo" in messages
 
 
 @pytest.mark.parametrize(("path", "doc"), JOBS, ids=JOB_IDS)
