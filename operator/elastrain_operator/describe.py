@@ -1,0 +1,108 @@
+"""`elastrain describe`: what kubectl does not already show about a TrainingJob.
+
+Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
+Shows each worker slot with its pod, phase, node and attempt, the rendezvous store, the
+trainer's progress and last checkpoint, both budgets, and the recent counted losses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from elastrain_operator.model.names import LABEL_ROLE, ROLE_STORE, ROLE_WORKER, WORKER_FINALIZER
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.policy.failures import classify_pod_exit, describe_exit, read_worker_pod
+
+Manifest = dict[str, Any]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
+def _budget(used: int, limit: int | None) -> str:
+    return f"{used}/{'unlimited' if limit is None else limit}"
+
+
+def _header(job: TrainingJob) -> list[str]:
+    s, spec = job.status, job.spec
+    limit = "unbounded" if spec.max_replicas is None else str(spec.max_replicas)
+    lines = [f"TrainingJob {job.metadata.namespace}/{job.metadata.name}: {s.phase}, "
+             f"workers {s.workers or '0/0'} (min {spec.min_replicas}, max {limit})"]
+    if s.progress is not None:
+        loss = "n/a" if s.progress.loss is None else f"{s.progress.loss:.4g}"
+        world = "" if s.progress.world_size is None else f", world size {s.progress.world_size}"
+        lines.append(f"Progress: step {s.progress.step}/{s.progress.total_steps}, "
+                     f"loss {loss}{world}")
+    if s.last_checkpoint is not None:
+        when = s.last_checkpoint.time.isoformat() if s.last_checkpoint.time else "unknown time"
+        lines.append(f"Last checkpoint: step {s.last_checkpoint.step} "
+                     f"{s.last_checkpoint.uri} ({when})")
+    budgets = (f"Restarts {_budget(s.restarts, spec.restart_policy.max_restarts)}, "
+               f"preemptions {_budget(s.preemptions, spec.restart_policy.max_preemptions)}")
+    if s.restart_backoff_until is not None:
+        budgets += f", next failed-worker replacement after {s.restart_backoff_until.isoformat()}"
+    lines.append(budgets)
+    return lines
+
+
+def _workers(pods: Sequence[Manifest]) -> list[str]:
+    rows = [["INDEX", "POD", "PHASE", "READY", "NODE", "ATTEMPT", "STATE"]]
+    parsed = [w for p in pods if (p.get("metadata") or {}).get("labels", {}).get(LABEL_ROLE)
+              == ROLE_WORKER and (w := read_worker_pod(p, WORKER_FINALIZER)) is not None]
+    for w in sorted(parsed, key=lambda w: (w.index, w.attempt)):
+        state = classify_pod_exit(w).value
+        if state in ("Failed", "Preempted"):
+            state += f" ({describe_exit(w)})"
+        elif w.unschedulable:
+            state += f" (unschedulable: {w.unschedulable})"
+        elif w.waiting_reason:
+            state += f" ({w.waiting_reason})"
+        if w.deleting:
+            state += ", terminating"
+        rows.append([str(w.index), w.name, w.phase, "yes" if w.ready else "no",
+                     w.node or "-", str(w.attempt), state])
+    return ["Workers:", *(_table(rows) if len(rows) > 1 else ["  none"])]
+
+
+def _store(pods: Sequence[Manifest]) -> list[str]:
+    stores = [p for p in pods
+              if (p.get("metadata") or {}).get("labels", {}).get(LABEL_ROLE) == ROLE_STORE]
+    if not stores:
+        return ["Rendezvous store: none"]
+    p = stores[0]
+    node = (p.get("spec") or {}).get("nodeName") or "unscheduled"
+    phase = (p.get("status") or {}).get("phase") or "Pending"
+    return [f"Rendezvous store: {p['metadata']['name']} {phase} on {node}"]
+
+
+def _losses(job: TrainingJob) -> list[str]:
+    if not job.status.recent_losses:
+        return []
+    lines = ["Recent losses:"]
+    for loss in reversed(job.status.recent_losses):
+        lines.append(f"  {loss.time.isoformat()}  worker {loss.index}  {loss.pod}  "
+                     f"{loss.kind}: {loss.reason}")
+    return lines
+
+
+def _problems(job: TrainingJob) -> list[str]:
+    """Conditions that say something is wrong (kubectl shows them, but buried in YAML)."""
+    bad = [c for c in job.status.conditions
+           if (c.type == "Valid" and c.status == "False")
+           or (c.type in ("Failed", "Restarting") and c.status == "True")
+           or (c.type == "AllWorkersRunning" and c.status == "False"
+               and c.reason not in ("JobSuspended", "JobTerminated"))]
+    return [f"{c.type}={c.status} {c.reason}: {c.message}" for c in bad]
+
+
+def describe_job(job: Manifest | TrainingJob, pods: Sequence[Manifest]) -> str:
+    """A human summary of a TrainingJob and its pods."""
+    parsed = job if isinstance(job, TrainingJob) else TrainingJob.model_validate(job)
+    lines = [*_header(parsed), *_store(pods), *_workers(pods), *_losses(parsed)]
+    if problems := _problems(parsed):
+        lines += ["Attention:", *(f"  {p}" for p in problems)]
+    return "\n".join(lines) + "\n"
