@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds (or finds in the cache) every test server: helm, etcd, MinIO, then the Kubernetes
+# components, one after another: each Go build already uses both cores (go build -p 2), so running
+# two at once would only add memory pressure. Prints how long each step took.
+# Usage: hack/build-all.sh [helm|etcd|minio|k8s ...]   (default: all of them)
+set -euo pipefail
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$HACK/lib.sh"
+
+declare -A SCRIPT=([helm]=get-helm.sh [etcd]=build-etcd.sh [minio]=build-minio.sh [k8s]=build-k8s.sh)
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(helm etcd minio k8s)
+
+summary=()
+for step in "${steps[@]}"; do
+  [[ -n ${SCRIPT[$step]:-} ]] || { log "unknown component '$step' (helm, etcd, minio, k8s)"; exit 2; }
+  start=$(date +%s)
+  bash "$HACK/${SCRIPT[$step]}" >/dev/null
+  summary+=("$(printf '%-6s %5d s' "$step" "$(($(date +%s) - start))")")
+done
+
+printf '%s\n' "build times:" "${summary[@]/#/  }"
+printf 'binaries under %s:\n' "$ELASTRAIN_CACHE"
+find "$ELASTRAIN_CACHE" -maxdepth 3 -type f -perm -u+x -not -path "$ELASTRAIN_CACHE/go/*" -not -name '.*' |
+  sort | sed 's/^/  /'
