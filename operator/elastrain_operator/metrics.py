@@ -1,6 +1,8 @@
 """The operator's Prometheus metrics, behind record_* functions (labels are bounded).
 
 elastrain_operator_jobs{phase}                       gauge, TrainingJobs by phase (this replica)
+elastrain_operator_workers_desired                   gauge, desired workers over all jobs
+elastrain_operator_workers_ready                     gauge, Ready workers over all jobs
 elastrain_operator_reconcile_total{result}           counter, result: success|conflict|error
 elastrain_operator_reconcile_errors_total            counter
 elastrain_operator_reconcile_duration_seconds        histogram
@@ -22,6 +24,8 @@ PHASES: Final = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 _jobs = Gauge(f"{PREFIX}jobs", "TrainingJobs by phase", ["phase"], registry=REGISTRY)
+_desired = Gauge(f"{PREFIX}workers_desired", "Desired workers over all jobs", registry=REGISTRY)
+_ready = Gauge(f"{PREFIX}workers_ready", "Ready workers over all jobs", registry=REGISTRY)
 _reconciles = Counter(f"{PREFIX}reconcile", "Reconciles by result", ["result"],
                       registry=REGISTRY)
 _errors = Counter(f"{PREFIX}reconcile_errors", "Reconciles that raised", registry=REGISTRY)
@@ -38,7 +42,8 @@ _recovery = Histogram(f"{PREFIX}recovery_seconds", "From a worker's loss to full
                       registry=REGISTRY)
 
 _phase_lock = threading.Lock()
-_phase_of: dict[str, str] = {}  # job uid -> phase, to count jobs by phase without a list call
+# job uid -> (phase, desired, ready): totals over jobs without listing them on every scrape.
+_jobs_seen: dict[str, tuple[str, int, int]] = {}
 for _phase in PHASES:
     _jobs.labels(phase=_phase).set(0)
 
@@ -66,18 +71,22 @@ def record_recovery(seconds: float) -> None:
     _recovery.observe(seconds)
 
 
-def record_job_phase(uid: str, phase: str | None) -> None:
-    """phase None forgets the job (it was deleted)."""
+def record_job(uid: str, phase: str | None, *, desired: int = 0, ready: int = 0) -> None:
+    """The job's latest phase and worker counts; phase None forgets it (it was deleted)."""
     with _phase_lock:
         if phase is None:
-            _phase_of.pop(uid, None)
+            _jobs_seen.pop(uid, None)
         else:
-            _phase_of[uid] = phase
-        counts = {p: 0 for p in PHASES}
-        for value in _phase_of.values():
-            counts[value] = counts.get(value, 0) + 1
+            _jobs_seen[uid] = (phase, desired, ready)
+        counts = dict.fromkeys(PHASES, 0)
+        for seen_phase, _, _ in _jobs_seen.values():
+            counts[seen_phase] = counts.get(seen_phase, 0) + 1
+        total_desired = sum(d for _, d, _ in _jobs_seen.values())
+        total_ready = sum(r for _, _, r in _jobs_seen.values())
     for p, n in counts.items():
         _jobs.labels(phase=p).set(n)
+    _desired.set(total_desired)
+    _ready.set(total_ready)
 
 
 def serve(port: int) -> None:

@@ -63,9 +63,9 @@ def test_metric_names() -> None:
     metrics.record_workers_created(2)
     metrics.record_losses(restarts=1, preemptions=2)
     metrics.record_recovery(5.0)
-    metrics.record_job_phase("u1", "Running")
-    metrics.record_job_phase("u2", "Running")
-    metrics.record_job_phase("u2", None)
+    metrics.record_job("u1", "Running", desired=3, ready=2)
+    metrics.record_job("u2", "Running", desired=5, ready=5)
+    metrics.record_job("u2", None)
     text = generate_latest(metrics.REGISTRY).decode()
     for line in ['elastrain_operator_jobs{phase="Running"} 1.0',
                  'elastrain_operator_reconcile_total{result="error"} 1.0',
@@ -74,7 +74,9 @@ def test_metric_names() -> None:
                  "elastrain_operator_restarts_total 1.0",
                  "elastrain_operator_preemptions_total 2.0",
                  "elastrain_operator_recovery_seconds_count 1.0",
-                 "elastrain_operator_reconcile_duration_seconds_count 2.0"]:
+                 "elastrain_operator_reconcile_duration_seconds_count 2.0",
+                 "elastrain_operator_workers_desired 3.0",
+                 "elastrain_operator_workers_ready 2.0"]:
         assert line in text, line
 
 
