@@ -62,8 +62,8 @@ def test_trainer_image_builds_on_any_base_with_cpu_or_cuda_torch() -> None:
     assert steps[0][0] == "ARG" and steps[0][1].startswith("BASE_IMAGE=")
     assert all(arg.split()[0] == "${BASE_IMAGE}" for op, arg in steps if op == "FROM")
     assert any(op == "ARG" and arg.startswith("TORCH_VARIANT=cpu") for op, arg in steps)
-    assert any("download.pytorch.org/whl/${TORCH_VARIANT}" in arg for op, arg in steps
-               if op == "RUN")
+    assert ("ARG", "TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}") in steps
+    assert any('--index-url "${TORCH_INDEX_URL}"' in arg for op, arg in steps if op == "RUN")
     assert any('".[trainer]"' in arg for op, arg in steps if op == "RUN")
     _non_root_user(_final_stage(TRAINER))
 
