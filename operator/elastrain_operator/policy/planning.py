@@ -276,7 +276,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
         if not blocking:
             created, in_backoff = _converge(r, job, observed, desired=desired,
                                             finishing=finishing, now=now)
-    recovered = _recovery(r, counts, desired, now) if terminal is None else None
+    recovered = _recovery(r, observed, desired, now) if terminal is None else None
     if r.acct.backoff_until is not None and now >= r.acct.backoff_until:
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
@@ -301,15 +301,20 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
                 recovered_after_seconds=recovered)
 
 
-def _recovery(r: _Round, counts: WorkerCounts, desired: int, now: datetime) -> float | None:
-    """Seconds from the first loss to the job's full size again, when it just got there."""
+def _recovery(r: _Round, observed: Observed, desired: int, now: datetime) -> float | None:
+    """Seconds from the first loss until every lost slot runs a worker again, when it just got
+    there. Only the lost slots count: an extra worker that never got scheduled is reported as
+    pending, and must not keep the job "restarting" forever."""
     since = r.acct.recovering_since
     if since is None:
         return None
     if desired == 0:
         r.acct = replace(r.acct, recovering_since=None)
         return None
-    if counts.running < desired or r.counted_restarts or r.counted_preemptions:
+    current = current_pods(r.acct.slots, observed.workers)
+    lost = {loss.index for loss in r.acct.losses if loss.time >= since and loss.index < desired}
+    back = all(i in current and classify_pod_exit(current[i]) is Exit.RUNNING for i in lost)
+    if not back or r.counted_restarts or r.counted_preemptions:
         return None
     r.acct = replace(r.acct, recovering_since=None)
     return max(0.0, (now - since).total_seconds())

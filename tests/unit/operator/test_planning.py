@@ -362,3 +362,17 @@ def test_recovery_is_measured_from_loss_to_full_size() -> None:
     assert p.recovered_after_seconds == 7.0
     assert "recoveringSince" not in w.status
     assert any(e.reason == c.RECOVERED for e in p.events)
+
+
+def test_recovery_ignores_workers_that_were_never_scheduled() -> None:
+    w = started(replicas=2)
+    w.job["spec"]["replicas"] = 3  # worker 2 stays pending (unschedulable)
+    w.reconcile(T0)
+    w.set_pod("demo-worker-0-0", "Failed", disruption="DeletionByTaintManager")
+    w.reconcile(T0)
+    assert w.condition(c.RESTARTING)["status"] == "True"
+    w.set_pod("demo-worker-0-1", "Running")
+    p = w.reconcile(T0 + timedelta(seconds=4))
+    assert p.recovered_after_seconds == 4.0
+    assert w.condition(c.RESTARTING)["status"] == "False"
+    assert w.condition(c.ALL_WORKERS_RUNNING)["reason"] == c.WORKERS_PENDING
