@@ -6,8 +6,10 @@ Each test runs `python -m elastrain_operator --standalone --namespace <test ns>`
 from __future__ import annotations
 
 import json
+import socket
 import threading
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -244,3 +246,36 @@ def test_progress_is_polled_from_ready_workers(cluster: Cluster, operator: Opera
     assert status["lastCheckpoint"]["uri"] == "s3://bucket/run/step-40"
     columns = cluster.kubectl("get", "tj", "demo").stdout.splitlines()[1].split()
     assert columns[:5] == ["demo", "Running", "1/1", "42", "40"]
+
+
+def test_liveness_and_metrics_endpoints(cluster: Cluster,
+                                        operator_factory: Callable[..., Operator]) -> None:
+    live_port, metrics_port = free_port(), free_port()
+    op = operator_factory("--standalone", "--liveness", f"http://127.0.0.1:{live_port}/healthz",
+                          "--metrics-port", str(metrics_port))
+    op.start()
+    health = wait_for("liveness endpoint", lambda: _get(f"http://127.0.0.1:{live_port}/healthz"))
+    assert health.startswith("{")
+    cluster.create_job(replicas=2)
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.exit("demo-worker-0-0", 143, disruption="PreemptionByScheduler")
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-0"])
+    text = wait_for("the preemption in /metrics", lambda: (
+        body if "elastrain_operator_preemptions_total 1.0" in (
+            body := _get(f"http://127.0.0.1:{metrics_port}/metrics") or "") else None))
+    assert "elastrain_operator_workers_created_total 3.0" in text
+    assert 'elastrain_operator_reconcile_total{result="success"}' in text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as rsp:
+            return str(rsp.read().decode())
+    except OSError:
+        return None
