@@ -26,20 +26,12 @@ def run_operator(port: int) -> None:
     while True:
         tick += 1
         metrics.record_reconcile("success" if tick % 7 else "error", 0.01 * (tick % 5 + 1))
-        metrics.record_job_phase(f"uid-{tick % 5}", phases[tick % len(phases)])
+        metrics.record_job(f"uid-{tick % 5}", phases[tick % len(phases)], desired=4,
+                           ready=3 + tick % 2)
         metrics.record_workers_created(tick % 2)
         metrics.record_losses(restarts=tick % 2, preemptions=1)
         metrics.record_recovery(5.0 + tick % 20)
-        _record_workers(metrics, desired=4, ready=3 + tick % 2)
         time.sleep(0.2)
-
-
-def _record_workers(metrics: object, *, desired: int, ready: int) -> None:
-    # Workers desired/ready are not in elastrain_operator.metrics yet: without them the
-    # dashboard's panel stays empty and the test says so.
-    record = getattr(metrics, "record_workers", None)
-    if record is not None:
-        record(desired=desired, ready=ready)
 
 
 def run_trainer(port: int) -> None:

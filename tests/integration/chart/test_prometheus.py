@@ -63,6 +63,13 @@ def _get(url: str, timeout: float = 2.0) -> bytes:
         return bytes(response.read())
 
 
+def _fetch(url: str) -> bytes | None:
+    try:
+        return _get(url)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
 def _wait(url: str, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -87,8 +94,14 @@ def exporters() -> Iterator[dict[str, str]]:
             procs.append(subprocess.Popen([sys.executable, str(EXPORTERS), role, str(port)],
                                           env=env, stderr=subprocess.PIPE, text=True))
             urls[role] = f"http://127.0.0.1:{port}/metrics"
-        for url in urls.values():
-            _wait(url)
+        for proc, url in zip(procs, urls.values(), strict=True):
+            deadline = time.monotonic() + 30
+            while _fetch(url) is None:
+                if proc.poll() is not None:
+                    pytest.fail(f"exporter {proc.args} exited:\n{proc.communicate()[1]}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{url} never answered")
+                time.sleep(0.2)
         yield urls
     finally:
         for proc in procs:
