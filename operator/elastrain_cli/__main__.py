@@ -1,6 +1,6 @@
 """`elastrain`: the command line of elastrain.
 
-    elastrain run [JOB.yaml] --local [--workers N] [--simulate-preemption] [--out DIR]
+    elastrain run [JOB.yaml] --local [--workers N] [--simulate-preemption] [--fresh]
     elastrain validate JOB.yaml          # the same checks the CRD applies, offline
     elastrain estimate [JOB.yaml] [--world-size N]
     elastrain describe NAME [-n NAMESPACE]
@@ -26,7 +26,10 @@ def _job_source(path: str | None) -> tuple[str, str]:
     if path is None:
         text = resources.files("elastrain_cli").joinpath("default_job.yaml").read_text()
         return text, "embedded default job"
-    return Path(path).read_text(), path
+    try:
+        return Path(path).read_text(), path
+    except OSError as err:
+        raise commands.UserError(f"cannot read {path}: {err.strerror}") from err
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="output directory (default: runs/<job name>)")
     run.add_argument("--checkpoint-uri", default=None,
                      help="override spec.checkpoint.uri (e.g. s3://bucket/prefix)")
+    run.add_argument("--fresh", action="store_true",
+                     help="start over: delete this job's earlier local outputs and checkpoints")
 
     validate = sub.add_parser("validate", help="check a TrainingJob YAML offline")
     validate.add_argument("job")
@@ -71,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             text, origin = _job_source(args.job)
             return commands.run_local(text, origin, workers=args.workers,
                                       simulate_preemption=args.simulate_preemption,
-                                      out=args.out, checkpoint_uri=args.checkpoint_uri)
+                                      out=args.out, checkpoint_uri=args.checkpoint_uri,
+                                      fresh=args.fresh)
         if args.command == "validate":
             text, origin = _job_source(args.job)
             return commands.validate(text, origin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -21,11 +22,15 @@ def parse_job(text: str, origin: str) -> TrainingJob:
     from elastrain_operator.model import KIND, TrainingJob
 
     try:
-        manifest = yaml.safe_load(text)
+        documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as err:
         raise UserError(f"{origin}: not valid YAML: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-        raise UserError(f"{origin}: expected a manifest of kind {KIND}")
+    # A file may carry the job's Secret or ServiceAccount beside it, as kubectl apply allows.
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(jobs) != 1:
+        raise UserError(f"{origin}: expected exactly one manifest of kind {KIND}, "
+                        f"found {len(jobs)}")
+    manifest = jobs[0]
     try:
         return TrainingJob.model_validate(manifest)
     except ValidationError as err:
@@ -56,13 +61,71 @@ def crds() -> int:
     return 0
 
 
+def _absolute_file_uri(uri: str) -> str:
+    """file://./x (relative to where the user runs the command) as an absolute file:// URI."""
+    if not uri.startswith("file://"):
+        return uri
+    return "file://" + str(Path(uri.removeprefix("file://")).expanduser().absolute())
+
+
 def run_local(text: str, origin: str, *, workers: int | None, simulate_preemption: bool,
-              out: str | None, checkpoint_uri: str | None) -> int:
-    raise UserError("local mode is not wired yet")
+              out: str | None, checkpoint_uri: str | None, fresh: bool) -> int:
+    """Run the job's trainer with torchrun agents on this machine (elastic, c10d, gloo)."""
+    from elastrain_operator.render.env import render_trainer_env
+    from elastrain_trainer.local import run_local as start_local
+
+    job = parse_job(text, origin)
+    spec = job.spec
+    out_dir = Path(out or f"runs/{job.metadata.name}").absolute()
+    env = render_trainer_env(spec, job.metadata.name)
+    env["ELASTRAIN_METRICS_PORT"] = "0"  # several agents share this host: no fixed port
+    uri = checkpoint_uri or (spec.checkpoint.uri if spec.checkpoint else None)
+    env["ELASTRAIN_CHECKPOINT_URI"] = _absolute_file_uri(uri or f"file://{out_dir}/checkpoints")
+    if fresh:
+        _clear_previous_run(out_dir, env["ELASTRAIN_CHECKPOINT_URI"])
+    count = workers or spec.replicas
+    if not spec.min_replicas <= count <= spec.effective_max_replicas:
+        raise UserError(f"--workers {count} is outside [spec.minReplicas, spec.maxReplicas]")
+    print(f"elastrain: {origin}: {count} local workers (elastic {spec.min_replicas}.."
+          f"{spec.effective_max_replicas}), {spec.strategy}, {spec.trainer.model}, "
+          f"{spec.trainer.steps} steps; checkpoints -> {env['ELASTRAIN_CHECKPOINT_URI']}",
+          flush=True)
+    result = start_local(env, count, spec.min_replicas, spec.effective_max_replicas, out_dir,
+                         simulate_preemption=simulate_preemption)
+    summary = result.summary
+    print(f"elastrain: finished={summary.finished} step={summary.final_step}/"
+          f"{spec.trainer.steps} loss={summary.final_loss} resumes={summary.resumes} "
+          f"steps_lost={summary.steps_lost} world_sizes={summary.world_sizes} "
+          f"checkpoints={summary.checkpoints_saved} wall={summary.wall_s}s")
+    print(f"elastrain: summary {result.out_dir / 'summary.json'}"
+          + (f", loss curve {result.plot_path}" if result.plot_path else ""))
+    return 0 if result.ok else 1
+
+
+def _clear_previous_run(out_dir: Path, checkpoint_uri: str) -> None:
+    """--fresh: forget an earlier run's outputs and its local checkpoints (never S3 ones)."""
+    import shutil
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    if checkpoint_uri.startswith("file://"):
+        shutil.rmtree(checkpoint_uri.removeprefix("file://"), ignore_errors=True)
 
 
 def estimate(text: str, origin: str, *, world_size: int | None) -> int:
-    raise UserError("estimate is not wired yet")
+    """Print per-rank memory for the job's trainer config at a world size."""
+    from elastrain_operator.render.env import render_trainer_env
+    from elastrain_trainer.config import TrainerConfig
+    from elastrain_trainer.estimate import estimate as estimate_memory
+
+    job = parse_job(text, origin)
+    nproc = job.spec.nproc_per_node if isinstance(job.spec.nproc_per_node, int) else 1
+    size = world_size or job.spec.replicas * nproc
+    try:
+        config = TrainerConfig.from_env(render_trainer_env(job.spec, job.metadata.name))
+        print(estimate_memory(config, size).format())
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    return 0
 
 
 def describe(name: str, namespace: str, kubeconfig: str | None) -> int:

@@ -56,8 +56,22 @@ def read_dist_env(env: Mapping[str, str]) -> DistEnv:
                    restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), device=device)
 
 
-def init_distributed(denv: DistEnv) -> dist.ProcessGroup:
-    """Initialise the default group; returns a separate gloo group for checkpoint/control."""
+@dataclass(frozen=True)
+class Groups:
+    """gloo groups besides the default one.
+
+    `control` carries the per-step stop agreement on the training thread; `checkpoint` carries
+    DCP's collectives, which an async save runs on a background thread. Two threads must never
+    issue collectives on one group: gloo matches them by order, so interleaved calls pair up
+    wrongly and hang until the collective timeout.
+    """
+
+    control: dist.ProcessGroup
+    checkpoint: dist.ProcessGroup
+
+
+def init_distributed(denv: DistEnv) -> Groups:
+    """Initialise the default group and the gloo groups of `Groups`."""
     if denv.device.type == "cuda":
         torch.cuda.set_device(denv.device)
         backend = "cpu:gloo,cuda:nccl"
@@ -68,9 +82,11 @@ def init_distributed(denv: DistEnv) -> dist.ProcessGroup:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
                           WORLD_SIZE="1")
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
-    group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
-    assert isinstance(group, dist.ProcessGroup)
-    return group
+    # new_group is itself collective: every rank creates both, in this order.
+    control = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    checkpoint = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    assert isinstance(control, dist.ProcessGroup) and isinstance(checkpoint, dist.ProcessGroup)
+    return Groups(control, checkpoint)
 
 
 def _free_port() -> int:

@@ -61,7 +61,8 @@ def run(cfg: TrainerConfig) -> int:
     """Train per `cfg` inside the current torchrun worker; returns the exit code."""
     started = time.monotonic()
     denv = read_dist_env(os.environ)
-    control_pg = init_distributed(denv)
+    groups = init_distributed(denv)
+    control_pg = groups.control
     world = dist.get_world_size()
     denv = DistEnv(dist.get_rank(), world, denv.local_rank, denv.local_world_size,
                    denv.restart_count, denv.device)
@@ -75,7 +76,8 @@ def run(cfg: TrainerConfig) -> int:
     dataset = build_dataset(cfg.dataset, cfg.seq_len, cfg.seed)
     manager = CheckpointManager(open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint),
                                 keep=cfg.checkpoint_keep, async_save=cfg.checkpoint_async,
-                                process_group=control_pg, endpoint=cfg.checkpoint_endpoint)
+                                process_group=groups.checkpoint,
+                                endpoint=cfg.checkpoint_endpoint)
     _resume(manager, t, cfg, denv)
     wandb_run = _maybe_wandb(cfg, denv)
 

@@ -36,7 +36,7 @@ def test_validate_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_validate_refuses_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", write(tmp_path, {"kind": "Pod"})]) == 2
-    assert "expected a manifest of kind TrainingJob" in capsys.readouterr().err
+    assert "expected exactly one manifest of kind TrainingJob, found 0" in capsys.readouterr().err
 
 
 def test_embedded_default_job_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
