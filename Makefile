@@ -21,12 +21,13 @@ $(STAMP): pyproject.toml
 
 .PHONY: demo
 demo: venv  ## the main job: a local elastic training run on the embedded default TrainingJob
-	$(BIN)/elastrain run --local
+	$(BIN)/elastrain run --local --simulate-preemption --fresh
 
 .PHONY: crds
 crds: venv  ## regenerate crds/ from the pydantic models
 	$(BIN)/python -m elastrain_operator.render.crd > crds/.trainingjobs.tmp
 	mv crds/.trainingjobs.tmp crds/trainingjobs.elastrain.dev.yaml
+	cp crds/*.yaml charts/elastrain/crds/
 
 .PHONY: lint
 lint: venv  ## ruff, mypy (strict) and import-linter contracts
@@ -46,6 +47,18 @@ test-unit: venv  ## pure tests, seconds, no servers
 test: venv lint build-deps  ## everything CI runs: lint + every test tier against real servers
 	$(BIN)/python -m pytest tests -q $(PYTEST_ARGS)
 
+.PHONY: test-operator
+test-operator: venv build-deps  ## operator unit + integration tests (real apiserver)
+	$(BIN)/python -m pytest tests/unit/operator tests/integration/operator tests/integration/test_crd_admission.py -q $(PYTEST_ARGS)
+
+.PHONY: test-trainer
+test-trainer: venv build-deps  ## trainer unit + integration tests (real torchrun, real MinIO)
+	$(BIN)/python -m pytest tests/unit/trainer tests/integration/trainer tests/integration/cli -q $(PYTEST_ARGS)
+
+.PHONY: bench
+bench: venv build-deps  ## benchmarks; each prints ratios measured side by side in one run
+	$(BIN)/python bench/checkpoint_s3.py
+
 .PHONY: cluster-up
 cluster-up: venv build-deps  ## start a tier A+ cluster and MinIO on loopback for humans
 	$(BIN)/python hack/cluster.py up
@@ -57,3 +70,61 @@ cluster-down:  ## stop what cluster-up started
 .PHONY: clean
 clean:  ## remove build outputs in the repo (caches in ~/.cache/elastrain stay)
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache runs
+
+# --- chart, images, kind (docs/packaging.md) ---------------------------------------------
+HELM ?= $(shell command -v helm 2>/dev/null || bash hack/get-helm.sh)
+KIND ?= kind
+DOCKER ?= docker
+KIND_CLUSTER ?= elastrain
+KUBECTL_KIND = kubectl --context kind-$(KIND_CLUSTER)
+IMAGE_TAG ?= dev
+OPERATOR_IMAGE ?= elastrain/operator
+TRAINER_IMAGE ?= elastrain/trainer
+TORCH_VARIANT ?= cpu
+
+.PHONY: chart-lint
+chart-lint:  ## helm lint --strict with the defaults and every ci values file
+	$(HELM) lint --strict charts/elastrain
+	for f in charts/elastrain/ci/*.yaml; do $(HELM) lint --strict charts/elastrain -f $$f || exit 1; done
+
+.PHONY: test-chart
+test-chart: venv build-deps  ## chart, examples, RBAC and dashboard tests (real apiserver, real Prometheus)
+	$(BIN)/python -m pytest tests/unit/chart tests/integration/chart -q $(PYTEST_ARGS)
+
+.PHONY: images
+images:  ## build the operator and trainer images with Docker (TORCH_VARIANT=cpu|cu128)
+	$(DOCKER) build -t $(OPERATOR_IMAGE):$(IMAGE_TAG) .
+	$(DOCKER) build -f trainer_image/Dockerfile --build-arg TORCH_VARIANT=$(TORCH_VARIANT) -t $(TRAINER_IMAGE):$(IMAGE_TAG) .
+
+.PHONY: kind-up
+kind-up:  ## create the kind cluster of kind-config.yaml (Docker, kind >= 0.20)
+	$(KIND) get clusters | grep -qx $(KIND_CLUSTER) || $(KIND) create cluster --name $(KIND_CLUSTER) --config kind-config.yaml --wait 120s
+
+.PHONY: kind-images
+kind-images: images  ## build both images and load them into the kind nodes (no registry)
+	$(KIND) load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE):$(IMAGE_TAG) $(TRAINER_IMAGE):$(IMAGE_TAG)
+
+.PHONY: kind-install
+kind-install:  ## apply the CRDs and install/upgrade the chart into elastrain-system
+	$(KUBECTL_KIND) apply --server-side --force-conflicts -f charts/elastrain/crds/
+	$(HELM) upgrade --install elastrain charts/elastrain --kube-context kind-$(KIND_CLUSTER) \
+	  --namespace elastrain-system --create-namespace --wait --timeout 3m \
+	  --set image.repository=$(OPERATOR_IMAGE) --set image.tag=$(IMAGE_TAG) --set image.pullPolicy=Never
+
+.PHONY: kind-minio
+kind-minio:  ## MinIO, the bucket and the example's credentials Secret
+	$(KUBECTL_KIND) apply -f examples/kind/minio.yaml
+	$(KUBECTL_KIND) -n minio rollout status deployment/minio --timeout=180s
+	$(KUBECTL_KIND) -n minio wait --for=condition=complete job/make-bucket --timeout=180s
+
+.PHONY: kind-example
+kind-example:  ## run the CPU gloo TrainingJob (drain elastrain-worker2 to play a preemption)
+	$(KUBECTL_KIND) apply -f examples/kind/cpu-gloo.yaml
+	$(KUBECTL_KIND) -n elastrain-demo get tj cpu-gloo -o wide
+
+.PHONY: kind-demo
+kind-demo: kind-up kind-images kind-install kind-minio kind-example  ## all of the above
+
+.PHONY: kind-down
+kind-down:  ## delete the kind cluster
+	$(KIND) delete cluster --name $(KIND_CLUSTER)

@@ -129,7 +129,26 @@ def estimate(text: str, origin: str, *, world_size: int | None) -> int:
 
 
 def describe(name: str, namespace: str, kubeconfig: str | None) -> int:
-    raise UserError("describe is not wired yet")
+    """A job's workers, budgets, losses and checkpoints, read from the cluster."""
+    import os
+
+    from elastrain_operator.describe import describe_job
+    from elastrain_operator.k8s.client import Kube, KubeError, load_api_client, namespaced
+    from elastrain_operator.k8s.observe import read_job
+    from elastrain_operator.model.names import LABEL_JOB
+
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig
+    try:
+        kube = Kube(load_api_client())
+        raw = read_job(kube, namespace, name)
+        if raw is None:
+            raise UserError(f"TrainingJob {namespace}/{name} not found")
+        pods = kube.list(namespaced("v1", namespace, "pods"), labels=f"{LABEL_JOB}={name}")
+    except KubeError as err:
+        raise UserError(f"the API server refused: {err}") from err
+    print(describe_job(raw, pods))
+    return 0
 
 
 def operator(args: list[str]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -38,6 +39,9 @@ RESTARTS = Counter(_P + "restarts", "Worker-group restarts seen by torchrun on t
 GOODPUT = Gauge(_P + "goodput_ratio",
                 "Share of this process's wall time spent in training steps", registry=REGISTRY)
 LOSS = Gauge(_P + "loss", "Loss of the last step (mean over ranks)", registry=REGISTRY)
+# A timestamp rather than an age: Prometheus computes the age (time() - ...) at query time.
+LAST_CHECKPOINT_TIME = Gauge(_P + "last_checkpoint_timestamp_seconds",
+                             "Unix time of the newest committed checkpoint", registry=REGISTRY)
 
 
 @dataclass
@@ -94,6 +98,8 @@ def record_checkpoint_written_bytes(n: int) -> None:
 def record_committed(step: int, uri: str, time_rfc3339: str) -> None:
     with _lock:
         _progress.last_checkpoint = {"step": step, "uri": uri, "time": time_rfc3339}
+    committed = datetime.fromisoformat(time_rfc3339.replace("Z", "+00:00"))
+    LAST_CHECKPOINT_TIME.set(committed.timestamp())
 
 
 def progress_document() -> dict[str, Any]:

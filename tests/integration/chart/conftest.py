@@ -18,13 +18,6 @@ from tests.unit.chart.chartlib import CHART, helm_or_skip
 MONITORING_CRDS = Path(__file__).with_name("monitoring-crds.yaml")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # Also to be registered in pyproject.toml; here so --strict-markers accepts it meanwhile.
-    config.addinivalue_line(
-        "markers", "prometheus: starts a real Prometheus (Debian package `prometheus`, "
-        "installed with apt-get when missing)")
-
-
 def helm(kube: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([str(helm_or_skip()), "--kubeconfig", str(kube.kubeconfig), *args],
                           capture_output=True, text=True, timeout=180)

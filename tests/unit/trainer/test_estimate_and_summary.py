@@ -50,6 +50,8 @@ def test_progress_document_has_the_operator_fields() -> None:
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
                                       "time": "2024-01-01T00:00:00Z"}}
+    # 2024-01-01T00:00:00Z: the dashboard's checkpoint age is time() minus this gauge.
+    assert metrics.LAST_CHECKPOINT_TIME._value.get() == 1704067200.0
 
 
 def test_metrics_server_serves_prometheus_and_progress() -> None:
