@@ -82,6 +82,10 @@ OPERATOR_IMAGE ?= elastrain/operator
 TRAINER_IMAGE ?= elastrain/trainer
 TORCH_VARIANT ?= cpu
 
+.PHONY: chart-crds
+chart-crds:  ## copy crds/*.yaml into the chart (tests require byte-identical copies)
+	cp crds/*.yaml charts/elastrain/crds/
+
 .PHONY: chart-lint
 chart-lint:  ## helm lint --strict with the defaults and every ci values file
 	$(HELM) lint --strict charts/elastrain
