@@ -4,7 +4,6 @@ what elastrain_operator.rbac.RULES lists and nothing it should not."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.integration.chart.conftest import Installer
 from tests.integration.conftest import kubectl
-from tests.unit.chart.chartlib import CHART, CI_VALUES, render_text
-from tests.unit.chart.test_chart_render import normalize_rules
+from tests.unit.chart.chartlib import CHART, CI_VALUES, operator_rules, render_text
 
 pytestmark = pytest.mark.cluster
 
@@ -86,14 +84,6 @@ def operator_identity(install_chart: Installer, kube_namespace: str,
     yield f"system:serviceaccount:{kube_namespace}:{SA_NAME}"
 
 
-def _operator_rules() -> set[tuple[str, str, str]]:
-    try:
-        rbac = importlib.import_module("elastrain_operator.rbac")
-    except ModuleNotFoundError:
-        pytest.fail("elastrain_operator.rbac (RULES) does not exist yet")
-    return normalize_rules(rbac.RULES)
-
-
 CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "clusterkopfpeerings"}
 
 
@@ -114,7 +104,7 @@ def test_operator_can_do_everything_in_rules(operator_identity: str, monitoring_
                                              kube_namespace: str) -> None:
     # A namespace other than the release's: the operator works in every namespace.
     other = "default"
-    denied = [rule for rule in sorted(_operator_rules())
+    denied = [rule for rule in sorted(operator_rules())
               if not can_i(monitoring_crds, operator_identity, rule[2], rule[0], rule[1], other)]
     assert not denied
 
@@ -133,7 +123,7 @@ def test_operator_can_do_everything_in_rules(operator_identity: str, monitoring_
 ])
 def test_operator_cannot_do_what_it_should_not(operator_identity: str, monitoring_crds: Any,
                                                verb: str, group: str, resource: str) -> None:
-    assert (group, resource, verb) not in _operator_rules()
+    assert (group, resource, verb) not in operator_rules()
     assert not can_i(monitoring_crds, operator_identity, verb, group, resource, "default")
 
 

@@ -116,3 +116,11 @@ def rule_triples(rules: Iterable[Manifest]) -> set[tuple[str, str, str]]:
             for group in rule.get("apiGroups", [])
             for resource in rule.get("resources", [])
             for verb in rule.get("verbs", [])}
+
+
+def operator_rules() -> set[tuple[str, str, str]]:
+    """elastrain_operator.rbac.RULES as (apiGroup, resource, verb) triples."""
+    from elastrain_operator.rbac import RULES
+
+    return {(g, r, v) for rule in RULES for g in rule.api_groups for r in rule.resources
+            for v in rule.verbs}

@@ -4,10 +4,7 @@ blocks drains, monitors that select what the operator and trainer serve."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -19,6 +16,7 @@ from tests.unit.chart.chartlib import (
     Manifest,
     of_kind,
     one,
+    operator_rules,
     render,
     render_error,
     rule_triples,
@@ -211,40 +209,13 @@ def test_pdb_is_optional() -> None:
 
 # --- RBAC ----------------------------------------------------------------------------------
 
-def _operator_rules() -> set[tuple[str, str, str]]:
-    try:
-        rbac = importlib.import_module("elastrain_operator.rbac")
-    except ModuleNotFoundError:
-        pytest.fail("elastrain_operator.rbac (RULES) does not exist yet")
-    return normalize_rules(rbac.RULES)
-
-
-def normalize_rules(rules: Iterable[Any]) -> set[tuple[str, str, str]]:
-    """RULES as (apiGroup, resource, verb) triples, whether entries are tuples or dicts."""
-    def many(value: Any) -> list[str]:
-        return [value] if isinstance(value, str) else list(value)
-
-    triples = set()
-    for rule in rules:
-        if isinstance(rule, dict):
-            groups, resources, verbs = (rule.get("apiGroups", rule.get("api_groups")),
-                                        rule["resources"], rule["verbs"])
-        elif hasattr(rule, "verbs"):
-            groups = getattr(rule, "api_groups", getattr(rule, "apiGroups", None))
-            resources, verbs = rule.resources, rule.verbs
-        else:
-            groups, resources, verbs = rule
-        triples |= {(g, r, v) for g in many(groups) for r in many(resources) for v in many(verbs)}
-    return triples
-
-
 def _granted(docs: list[Manifest]) -> set[tuple[str, str, str]]:
     return rule_triples(r for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")
                         for r in role["rules"])
 
 
 def test_rbac_is_exactly_the_operators_rules(ci_render: list[Manifest]) -> None:
-    granted, wanted = _granted(ci_render), _operator_rules()
+    granted, wanted = _granted(ci_render), operator_rules()
     assert granted == wanted, (f"chart grants more: {sorted(granted - wanted)}; "
                                f"chart lacks: {sorted(wanted - granted)}")
 
