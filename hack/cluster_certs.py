@@ -1,0 +1,72 @@
+"""Certificates for the test servers, made with the openssl CLI: a CA, the apiserver's serving
+certificate, the client certificates, the service-account key pair, and kubeconfigs that embed them.
+Part of hack/cluster.py (standard library only)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import subprocess
+from pathlib import Path
+
+from hack.cluster_state import SERVICE_IP
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def _new_key(path: Path) -> None:
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path)
+    path.chmod(0o600)
+
+
+def _sign(pki: Path, name: str, subject: str, extensions: str) -> None:
+    """Issues pki/<name>.crt (and its key) signed by pki/ca."""
+    key, csr, ext = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.ext"
+    _new_key(key)
+    _openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr)
+    ext.write_text(extensions)
+    _openssl("x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
+             "-set_serial", str(secrets.randbits(63)), "-days", "3650", "-sha256",
+             "-extfile", ext, "-out", pki / f"{name}.crt")
+    csr.unlink()
+    ext.unlink()
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the apiserver's serving cert, client certs and the service-account key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _new_key(pki / "ca.key")
+    _openssl("req", "-x509", "-new", "-key", pki / "ca.key", "-subj", "/CN=elastrain-test-ca",
+             "-days", "3650", "-sha256", "-out", pki / "ca.crt")
+    sans = ",".join([
+        "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local", "IP:127.0.0.1", f"IP:{SERVICE_IP}",
+    ])
+    server = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
+    _sign(pki, "apiserver", "/CN=kube-apiserver", server + f"subjectAltName={sans}\n")
+    _sign(pki, "admin", "/O=system:masters/CN=elastrain-admin", client)
+    _sign(pki, "controller-manager", "/CN=system:kube-controller-manager", client)
+    _sign(pki, "scheduler", "/CN=system:kube-scheduler", client)
+    _new_key(pki / "sa.key")
+    _openssl("pkey", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
+    """A self-contained kubeconfig (JSON is valid YAML) with the certificates embedded."""
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "elastrain",
+        "clusters": [{"name": "elastrain", "cluster": {
+            "server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": b64(f"{user}.crt"), "client-key-data": b64(f"{user}.key")}}],
+        "contexts": [{"name": "elastrain", "context": {"cluster": "elastrain", "user": user}}],
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
