@@ -20,14 +20,6 @@ def deadline_exceeded(job: TrainingJob, now: datetime) -> bool:
     return now >= start + timedelta(seconds=limit)
 
 
-def seconds_until_deadline(job: TrainingJob, now: datetime) -> float | None:
-    limit = job.spec.active_deadline_seconds
-    start = job.status.start_time
-    if limit is None or start is None:
-        return None
-    return max(0.0, (start + timedelta(seconds=limit) - now).total_seconds())
-
-
 def ttl_expired(job: TrainingJob, now: datetime) -> bool:
     """True when a finished job has outlived ttlSecondsAfterFinished and should be deleted."""
     ttl = job.spec.ttl_seconds_after_finished
