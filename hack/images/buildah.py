@@ -1,0 +1,78 @@
+"""Dockerfile builds with buildah (no Docker engine, no registry): buildah's own storage lives in
+$ELASTRAIN_CACHE/buildah (never the machine's /var/lib/containers), the base comes from its
+docker-archive, every build uses `--layers` (so the torch layer survives a trainer source edit),
+and the result leaves as a docker-archive through `buildah push`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hack.images.cache import cache_root, run
+from hack.images.inputs import stage_context
+
+# Downloads inside a build (pip) must trust the host's certificate authorities.
+HOST_CERTS = "/etc/ssl/certs"
+
+
+@dataclass(frozen=True)
+class DockerfileBuild:
+    """One `buildah bud` of a Dockerfile from the repository."""
+
+    dockerfile: str  # relative to the repository root, which is the build context
+    context: tuple[str, ...]  # repository paths copied into the context (tracked files only)
+    args: Mapping[str, str]  # --build-arg values
+    volumes: tuple[str, ...] = field(default=())  # extra -v SRC:DST[:ro] for RUN steps
+
+
+def buildah_argv(*args: str) -> list[str]:
+    root = cache_root() / "buildah"
+    return ["buildah", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args]
+
+
+def has_image(name: str) -> bool:
+    proc = subprocess.run(buildah_argv("inspect", "--type", "image", name),
+                          capture_output=True, check=False)
+    return proc.returncode == 0
+
+
+def local_name(ref: str) -> str:
+    """The name buildah gives `ref` in its storage (short names land in localhost/)."""
+    return f"localhost/{ref}"
+
+
+def load_archive(archive: Path, ref: str, *, log_file: Path) -> str:
+    """Makes the image of a docker-archive available to `FROM` as local_name(ref); returns it."""
+    name = local_name(ref)
+    if not has_image(name):
+        run(buildah_argv("pull", "--quiet", f"docker-archive:{archive}"), log_file=log_file)
+        run(buildah_argv("tag", f"docker.io/{ref}", name), log_file=log_file)
+    return name
+
+
+def build_dockerfile(build: DockerfileBuild, dest: Path, *, repo: Path, ref: str,
+                     log_file: Path) -> None:
+    """Builds from a context holding only the tracked files of build.context, then writes the
+    image to dest as a docker-archive tagged ref (atomically)."""
+    with tempfile.TemporaryDirectory(prefix="elastrain-context-") as ctx:
+        stage_context(repo, [build.dockerfile, *build.context], Path(ctx))
+        argv = buildah_argv("bud", "--isolation", "chroot", "--layers", "--pull=false",
+                            "-v", f"{HOST_CERTS}:{HOST_CERTS}:ro",
+                            "-f", str(Path(ctx) / build.dockerfile), "-t", local_name(ref))
+        argv += _flags("--build-arg", [f"{k}={v}" for k, v in sorted(build.args.items())])
+        argv += _flags("-v", build.volumes)
+        run([*argv, ctx], log_file=log_file)
+    partial = dest.with_name(f".{dest.name}.partial")
+    partial.unlink(missing_ok=True)
+    run(buildah_argv("push", "--quiet", local_name(ref), f"docker-archive:{partial}:{ref}"),
+        log_file=log_file)
+    os.replace(partial, dest)
+
+
+def _flags(flag: str, values: Sequence[str]) -> list[str]:
+    return [part for value in values for part in (flag, value)]
