@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -51,6 +51,8 @@ class _Progress:
     loss: float | None = None
     world_size: int = 0
     last_checkpoint: dict[str, Any] | None = None
+    resumed_from_step: int | None = None  # None: this start began from scratch
+    training_since: str | None = None  # RFC3339; when this start's first step completed
 
 
 _progress = _Progress()
@@ -58,8 +60,10 @@ _lock = threading.Lock()
 
 
 def record_start(total_steps: int, world_size: int, restarts: int) -> None:
+    """A (re)start of this worker group: torchrun runs each one in a fresh process."""
     with _lock:
         _progress.total_steps, _progress.world_size = total_steps, world_size
+        _progress.resumed_from_step = _progress.training_since = None
     WORLD_SIZE.set(world_size)
     if restarts:
         RESTARTS.inc(restarts)
@@ -72,11 +76,14 @@ def record_step(step: int, loss: float, duration_s: float, tokens: int) -> None:
     LOSS.set(loss)
     with _lock:
         _progress.step, _progress.loss = step, loss
+        if _progress.training_since is None:
+            # The operator measures a loss's recovery up to here: training really runs again.
+            _progress.training_since = _rfc3339(datetime.now(UTC))
 
 
 def record_resumed(step: int) -> None:
     with _lock:
-        _progress.step = step
+        _progress.step = _progress.resumed_from_step = step
 
 
 def record_goodput(ratio: float) -> None:
@@ -109,7 +116,13 @@ def progress_document() -> dict[str, Any]:
         return {"step": _progress.step, "totalSteps": _progress.total_steps,
                 "loss": loss if loss is None or loss == loss else None,  # NaN is not JSON
                 "worldSize": _progress.world_size,
-                "lastCheckpoint": _progress.last_checkpoint}
+                "lastCheckpoint": _progress.last_checkpoint,
+                "resumedFromStep": _progress.resumed_from_step,
+                "trainingSince": _progress.training_since}
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Handler(BaseHTTPRequestHandler):

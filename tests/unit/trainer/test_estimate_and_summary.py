@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from elastrain_trainer import metrics
@@ -47,11 +50,31 @@ def test_progress_document_has_the_operator_fields() -> None:
     metrics.record_step(step=3, loss=float("nan"), duration_s=0.1, tokens=10)
     metrics.record_committed(2, "s3://b/p/step-00000002", "2024-01-01T00:00:00Z")
     doc = metrics.progress_document()
+    training_since = doc.pop("trainingSince")
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
-                                      "time": "2024-01-01T00:00:00Z"}}
+                                      "time": "2024-01-01T00:00:00Z"},
+                   "resumedFromStep": None}
+    assert training_since.endswith("Z")
     # 2024-01-01T00:00:00Z: the dashboard's checkpoint age is time() minus this gauge.
     assert metrics.LAST_CHECKPOINT_TIME._value.get() == 1704067200.0
+
+
+def test_progress_document_says_when_training_resumed_once_per_start() -> None:
+    metrics.record_start(total_steps=50, world_size=2, restarts=1)
+    metrics.record_resumed(20)
+    doc = metrics.progress_document()
+    assert (doc["step"], doc["resumedFromStep"], doc["trainingSince"]) == (20, 20, None)
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    metrics.record_step(step=21, loss=1.0, duration_s=0.1, tokens=10)
+    first = metrics.progress_document()["trainingSince"]
+    assert before <= datetime.fromisoformat(first) <= datetime.now(UTC)
+    time.sleep(0.01)  # a later step would carry a later time
+    metrics.record_step(step=22, loss=1.0, duration_s=0.1, tokens=10)
+    assert metrics.progress_document()["trainingSince"] == first  # the first step only
+    metrics.record_start(total_steps=50, world_size=1, restarts=2)  # the next (re)start
+    assert metrics.progress_document()["resumedFromStep"] is None
+    assert metrics.progress_document()["trainingSince"] is None
 
 
 def test_metrics_server_serves_prometheus_and_progress() -> None:
@@ -65,6 +88,7 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         assert "elastrain_trainer_steps_total" in text
         assert "elastrain_trainer_checkpoint_save_duration_seconds_bucket" in text
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
-        assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint"}
+        assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
+                            "resumedFromStep", "trainingSince"}
     finally:
         server.shutdown()
