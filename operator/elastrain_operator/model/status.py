@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from elastrain_operator.model.base import ApiModel, k8s
 
@@ -47,6 +47,10 @@ class Progress(ApiModel):
     total_steps: int = Field(default=0, ge=0)
     loss: float | None = None
     world_size: int | None = Field(default=None, ge=0)
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, description="The step the trainers' latest resume loaded.")
+    training_since: AwareDatetime | None = Field(
+        default=None, description="When the first step after the trainers' latest start ended.")
 
 
 class WorkerSlot(ApiModel):
@@ -73,6 +77,19 @@ class WorkerLoss(ApiModel):
     reason: str = Field(default="", max_length=256)
     exit_code: int | None = None
     time: datetime
+
+
+class TrainingRecovery(ApiModel):
+    """How long training took to run again after the newest counted worker loss."""
+
+    lost_at: datetime = Field(description="When the loss was counted.")
+    training_at: datetime = Field(
+        description="When the first training step after the resume ended (trainer's clock).")
+    seconds: float = Field(ge=0, description="trainingAt - lostAt.")
+    kind: Literal["Preempted", "Failed"]
+    pod: str = Field(default="", max_length=253, description="The lost worker pod.")
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, description="The checkpoint step training resumed from.")
 
 
 class TrainingJobStatus(ApiModel):
@@ -109,6 +126,8 @@ class TrainingJobStatus(ApiModel):
         default_factory=list, max_length=10, description="The newest counted worker losses.")
     recovering_since: datetime | None = Field(
         default=None, description="When a worker was lost and the job fell below its size.")
+    last_recovery: TrainingRecovery | None = Field(
+        default=None, description="Worker lost -> first training step after the resume.")
     start_time: datetime | None = None
     completion_time: datetime | None = None
     observed_generation: int = Field(default=0, ge=0)
