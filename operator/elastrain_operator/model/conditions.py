@@ -33,6 +33,7 @@ SPEC_VALID: Final = "SpecValid"                        # spec passed every check
 WORKERS_STARTING: Final = "WorkersStarting"            # fewer than minReplicas ever ran so far
 JOB_FINISHING: Final = "JobFinishing"                  # a worker finished; waiting for the rest
 RECOVERED: Final = "Recovered"                         # back to the desired size after a loss
+TRAINING_RESUMED: Final = "TrainingResumed"            # first training step after a loss's resume
 SCALED: Final = "Scaled"                               # spec.replicas changed
 NOT_RUNNING: Final = "NotRunning"                      # the job is not running (any cause)
 NOT_SUSPENDED: Final = "NotSuspended"                  # spec.suspend is false

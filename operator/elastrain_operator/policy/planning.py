@@ -5,7 +5,8 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
    scale-down or a suspend no longer wants;
 2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
 3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
-4. derive the status (written first by the shell) and the events announcing its transitions.
+4. derive the status (written first by the shell) and the events announcing its transitions,
+   the training recovery of the newest loss among them (policy.progress).
 
 Success, precisely: torchrun exits 0 only when its worker group completed, so the first worker
 pod that Succeeded (exit 0 and no disruption) means the world finished training. From then on
@@ -24,9 +25,19 @@ from datetime import datetime
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import store_name, worker_service_name
 from elastrain_operator.model.spec import TrainingJob
-from elastrain_operator.model.status import Phase, TrainingJobStatus, WorkerLoss, WorkerSlot
+from elastrain_operator.model.status import (
+    Phase,
+    TrainingJobStatus,
+    TrainingRecovery,
+    WorkerLoss,
+    WorkerSlot,
+)
 from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit, describe_exit
-from elastrain_operator.policy.progress import ProgressReport, merge_progress
+from elastrain_operator.policy.progress import (
+    ProgressReport,
+    derive_training_recovery,
+    merge_progress,
+)
 from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
 from elastrain_operator.policy.status import (
     TERMINAL,
@@ -75,6 +86,7 @@ class Plan:
     counted_restarts: int = 0
     counted_preemptions: int = 0
     recovered_after_seconds: float | None = None
+    training_recovery: TrainingRecovery | None = None  # recorded this round (status.lastRecovery)
 
 
 @dataclass
@@ -281,11 +293,13 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
+    training = derive_training_recovery(old.last_recovery, r.acct.losses, observed.progress)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
                       finishing=finishing, in_backoff=in_backoff,
                       progress=merge_progress(old.progress, old.last_checkpoint,
-                                              observed.progress))
+                                              observed.progress),
+                      last_recovery=training or old.last_recovery)
     status = derive_status(job, counts, outcome, r.acct, now=now)
     events = [*r.events, *transition_events(old, status)]
     if old.replicas and status.replicas and old.replicas != status.replicas:
@@ -294,11 +308,20 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     if recovered is not None:
         events.append(EventSpec("Normal", c.RECOVERED,
                                 f"back to {desired} workers {recovered:.1f}s after a loss"))
+    if training is not None:
+        events.append(_training_resumed(training))
     return Plan(status=status, create=tuple(r.create), delete_pods=tuple(r.delete_pods),
                 release_pods=tuple(r.release_pods),
                 delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
                 counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
-                recovered_after_seconds=recovered)
+                recovered_after_seconds=recovered, training_recovery=training)
+
+
+def _training_resumed(rec: TrainingRecovery) -> EventSpec:
+    start = ("from scratch" if rec.resumed_from_step is None
+             else f"from step {rec.resumed_from_step}")
+    return EventSpec("Normal", c.TRAINING_RESUMED,
+                     f"training resumed {start} {rec.seconds:.1f}s after {rec.pod} was lost")
 
 
 def _recovery(r: _Round, observed: Observed, desired: int, now: datetime) -> float | None:

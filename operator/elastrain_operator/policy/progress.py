@@ -2,9 +2,16 @@
 
 Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.metricsPort with
 `{"step": int, "totalSteps": int, "loss": float|null, "worldSize": int,
-"lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null}`. The operator polls its
-Ready workers from its timer (short timeout, failures ignored) and keeps the largest step. So
-the operator needs no object-store credentials and the workers need no RBAC.
+"lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
+"resumedFromStep": int|null, "trainingSince": RFC3339|null}` (the last two are newer: older
+trainers leave them out). The operator polls its Ready workers from its timer (short timeout,
+failures ignored) and keeps the largest step. So the operator needs no object-store credentials
+and the workers need no RBAC.
+
+Training recovery: trainingSince is when the first step after the worker group's latest
+(re)start ended. The first report whose trainingSince is later than the newest counted loss
+closes that loss's recovery (status.lastRecovery), exactly once: status remembers which loss
+it describes, so an operator restart does not record it again.
 """
 
 from __future__ import annotations
@@ -15,7 +22,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from elastrain_operator.model.status import CheckpointRef, Progress
+from elastrain_operator.model.status import (
+    CheckpointRef,
+    Progress,
+    TrainingRecovery,
+    WorkerLoss,
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,9 @@ def parse_progress(payload: Any) -> ProgressReport | None:
         return None
     try:
         progress = Progress(step=payload["step"], total_steps=payload.get("totalSteps", 0),
-                            loss=payload.get("loss"), world_size=payload.get("worldSize"))
+                            loss=payload.get("loss"), world_size=payload.get("worldSize"),
+                            resumed_from_step=payload.get("resumedFromStep"),
+                            training_since=payload.get("trainingSince"))
         ckpt_raw = payload.get("lastCheckpoint")
         ckpt = CheckpointRef.model_validate(ckpt_raw) if ckpt_raw else None
     except (KeyError, TypeError, ValueError, ValidationError):
@@ -62,3 +76,26 @@ def merge_progress(previous: Progress | None, last_checkpoint: CheckpointRef | N
     for report in reports:
         checkpoint = _newer(checkpoint, report.checkpoint)
     return best.progress, checkpoint
+
+
+def derive_training_recovery(previous: TrainingRecovery | None, losses: Sequence[WorkerLoss],
+                             reports: Sequence[ProgressReport] | None) -> TrainingRecovery | None:
+    """The recovery of the newest counted loss when these reports first show training after
+    it; None when there is nothing new to record."""
+    if not losses or not reports:
+        return None
+    # Several losses before one resume: the resume answers them all, so it is measured from the
+    # newest one; the older ones get no recovery of their own.
+    loss = losses[-1]
+    if previous is not None and (previous.lost_at, previous.pod) == (loss.time, loss.pod):
+        return None
+    # A trainingSince before the loss is from a start the loss interrupted (or preceded).
+    resumes = [(p.training_since, p) for p in (r.progress for r in reports)
+               if p.training_since is not None and p.training_since > loss.time]
+    if not resumes:
+        return None
+    # Every rank of a worker group ends its first step together; the earliest report is it.
+    training_at, first = min(resumes, key=lambda pair: pair[0])
+    return TrainingRecovery(lost_at=loss.time, training_at=training_at,
+                            seconds=(training_at - loss.time).total_seconds(), kind=loss.kind,
+                            pod=loss.pod, resumed_from_step=first.resumed_from_step)

@@ -23,6 +23,7 @@ from elastrain_operator.model.status import (
     Phase,
     Progress,
     TrainingJobStatus,
+    TrainingRecovery,
     WorkerLoss,
     WorkerSlot,
 )
@@ -80,6 +81,7 @@ class Outcome:
     finishing: bool = False
     in_backoff: bool = False
     progress: tuple[Progress | None, CheckpointRef | None] = field(default=(None, None))
+    last_recovery: TrainingRecovery | None = None  # None: keep the status's
 
 
 def make_condition(kind: str, status: bool, reason: str, message: str, *,
@@ -219,6 +221,7 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
         "slots": list(acct.slots),
         "recent_losses": list(acct.losses),
         "recovering_since": None if terminal else acct.recovering_since,
+        "last_recovery": outcome.last_recovery or old.last_recovery,
         "start_time": start,
         "completion_time": old.completion_time or (now if terminal else None),
         "observed_generation": job.metadata.generation,

@@ -376,3 +376,79 @@ def test_recovery_ignores_workers_that_were_never_scheduled() -> None:
     assert p.recovered_after_seconds == 4.0
     assert w.condition(c.RESTARTING)["status"] == "False"
     assert w.condition(c.ALL_WORKERS_RUNNING)["reason"] == c.WORKERS_PENDING
+
+
+def report(step: int, training_since: datetime | None = None,
+           resumed_from: int | None = None) -> Any:
+    doc: dict[str, Any] = {"step": step, "totalSteps": 100, "loss": 1.0, "worldSize": 2}
+    if training_since is not None:
+        doc["trainingSince"] = training_since.isoformat().replace("+00:00", "Z")
+        doc["resumedFromStep"] = resumed_from
+    return parse_progress(doc)
+
+
+def training_resumed(p: Plan) -> list[str]:
+    return [e.message for e in p.events if e.reason == c.TRAINING_RESUMED]
+
+
+def test_progress_parses_the_resume_fields_and_accepts_older_trainers() -> None:
+    new = report(21, T0 + timedelta(seconds=3), resumed_from=20)
+    assert new is not None
+    assert new.progress.resumed_from_step == 20
+    assert new.progress.training_since == T0 + timedelta(seconds=3)
+    old = report(21)
+    assert old is not None and old.progress.training_since is None
+    assert old.progress.resumed_from_step is None
+    # A time without a zone cannot be compared with a loss's: not what the contract says.
+    assert parse_progress({"step": 1, "trainingSince": "2026-01-01T00:00:03"}) is None
+
+
+def test_training_recovery_is_recorded_once_per_loss() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0 + timedelta(seconds=10))  # the loss is counted at 00:00:10
+    w.run_all()
+    stale = w.reconcile(T0 + timedelta(seconds=15), progress=(report(20, T0, resumed_from=10),))
+    assert stale.training_recovery is None and not training_resumed(stale)
+    assert "lastRecovery" not in w.status
+    resumed = (report(21, T0 + timedelta(seconds=22.5), resumed_from=20),
+               report(21, T0 + timedelta(seconds=23), resumed_from=20))
+    p = w.reconcile(T0 + timedelta(seconds=30), progress=resumed)
+    assert p.training_recovery is not None and p.training_recovery.seconds == 12.5
+    assert w.status["lastRecovery"] == {
+        "lostAt": "2026-01-01T00:00:10Z", "trainingAt": "2026-01-01T00:00:22.500000Z",
+        "seconds": 12.5, "kind": "Preempted", "pod": "demo-worker-1-0", "resumedFromStep": 20}
+    assert training_resumed(p) == [
+        "training resumed from step 20 12.5s after demo-worker-1-0 was lost"]
+    again = w.reconcile(T0 + timedelta(seconds=31), progress=resumed)
+    assert again.training_recovery is None and not training_resumed(again)
+    assert w.status["lastRecovery"]["lostAt"] == "2026-01-01T00:00:10Z"
+    # The next loss gets its own recovery.
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1)
+    w.reconcile(T0 + timedelta(seconds=40))
+    p = w.reconcile(T0 + timedelta(seconds=60),
+                    progress=(report(30, T0 + timedelta(seconds=50)),))
+    assert training_resumed(p) == [
+        "training resumed from scratch 10.0s after demo-worker-0-0 was lost"]
+    assert w.status["lastRecovery"]["kind"] == "Failed"
+
+
+def test_training_recovery_is_measured_from_the_newest_of_several_losses() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0 + timedelta(seconds=10))
+    w.set_pod("demo-worker-0-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0 + timedelta(seconds=12))
+    p = w.reconcile(T0 + timedelta(seconds=30),
+                    progress=(report(5, T0 + timedelta(seconds=20), resumed_from=5),))
+    assert p.training_recovery is not None
+    assert (p.training_recovery.pod, p.training_recovery.seconds) == ("demo-worker-0-0", 8.0)
+
+
+def test_old_trainers_without_the_resume_fields_record_no_recovery() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0 + timedelta(seconds=10))
+    p = w.reconcile(T0 + timedelta(seconds=30), progress=(report(21),))
+    assert p.training_recovery is None and not training_resumed(p)
+    assert "lastRecovery" not in w.status and w.status["progress"]["step"] == 21
