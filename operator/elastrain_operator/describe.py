@@ -2,7 +2,8 @@
 
 Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
 Shows each worker slot with its pod, phase, node and attempt, the rendezvous store, the
-trainer's progress and last checkpoint, both budgets, and the recent counted losses.
+trainer's progress and last checkpoint, both budgets, the recent counted losses and how long
+training took to run again after the newest of them.
 """
 
 from __future__ import annotations
@@ -89,6 +90,16 @@ def _losses(job: TrainingJob) -> list[str]:
     return lines
 
 
+def _last_recovery(job: TrainingJob) -> list[str]:
+    rec = job.status.last_recovery
+    if rec is None:
+        return []
+    start = "scratch" if rec.resumed_from_step is None else f"step {rec.resumed_from_step}"
+    return [f"Last recovery: training resumed from {start} {rec.seconds:.1f}s after {rec.pod} "
+            f"was lost ({rec.kind} at {rec.lost_at.isoformat()}, training again at "
+            f"{rec.training_at.isoformat()})"]
+
+
 def _problems(job: TrainingJob) -> list[str]:
     """Conditions that say something is wrong (kubectl shows them, but buried in YAML)."""
     bad = [c for c in job.status.conditions
@@ -102,7 +113,8 @@ def _problems(job: TrainingJob) -> list[str]:
 def describe_job(job: Manifest | TrainingJob, pods: Sequence[Manifest]) -> str:
     """A human summary of a TrainingJob and its pods."""
     parsed = job if isinstance(job, TrainingJob) else TrainingJob.model_validate(job)
-    lines = [*_header(parsed), *_store(pods), *_workers(pods), *_losses(parsed)]
+    lines = [*_header(parsed), *_store(pods), *_workers(pods), *_losses(parsed),
+             *_last_recovery(parsed)]
     if problems := _problems(parsed):
         lines += ["Attention:", *(f"  {p}" for p in problems)]
     return "\n".join(lines) + "\n"

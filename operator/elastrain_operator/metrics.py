@@ -10,6 +10,8 @@ elastrain_operator_workers_created_total             counter
 elastrain_operator_restarts_total                    counter, worker failures counted
 elastrain_operator_preemptions_total                 counter, workers lost to preemption
 elastrain_operator_recovery_seconds                  histogram, worker lost -> full size again
+elastrain_operator_training_recovery_seconds         histogram, worker lost -> first training
+                                                     step after the resume
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ _preemptions = Counter(f"{PREFIX}preemptions", "Workers lost to preemption or di
 _recovery = Histogram(f"{PREFIX}recovery_seconds", "From a worker's loss to full size again",
                       buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
                       registry=REGISTRY)
+_training_recovery = Histogram(
+    f"{PREFIX}training_recovery_seconds",
+    "From a worker's loss to the first training step after the resume",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800), registry=REGISTRY)
 
 _phase_lock = threading.Lock()
 # job uid -> (phase, desired, ready): totals over jobs without listing them on every scrape.
@@ -69,6 +75,10 @@ def record_losses(*, restarts: int, preemptions: int) -> None:
 
 def record_recovery(seconds: float) -> None:
     _recovery.observe(seconds)
+
+
+def record_training_recovery(seconds: float) -> None:
+    _training_recovery.observe(seconds)
 
 
 def record_job(uid: str, phase: str | None, *, desired: int = 0, ready: int = 0) -> None:

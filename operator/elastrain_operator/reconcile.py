@@ -108,6 +108,8 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     metrics.record_losses(restarts=p.counted_restarts, preemptions=p.counted_preemptions)
     if p.recovered_after_seconds is not None:
         metrics.record_recovery(p.recovered_after_seconds)
+    if p.training_recovery is not None:
+        metrics.record_training_recovery(p.training_recovery.seconds)
     metrics.record_job(job.metadata.uid, None if p.delete_job else p.status.phase,
                        desired=p.status.replicas, ready=p.status.ready_replicas)
     if p.create or p.delete_pods or p.counted_restarts or p.counted_preemptions:

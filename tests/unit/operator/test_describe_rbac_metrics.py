@@ -42,6 +42,18 @@ def test_describe_shows_workers_budgets_progress_and_losses() -> None:
     assert rows[1][:3] == ["1", "demo-worker-1-1", "Pending"]
     assert "worker 1  demo-worker-1-0  Preempted: DisruptionTarget: PreemptionByScheduler" in text
     assert "AllWorkersRunning=False WorkersPending" in text
+    assert "Last recovery" not in text
+
+
+def test_describe_shows_the_last_training_recovery() -> None:
+    w = started()
+    w.job["status"]["lastRecovery"] = {
+        "lostAt": "2026-01-01T00:00:10Z", "trainingAt": "2026-01-01T00:00:22.5Z",
+        "seconds": 12.5, "kind": "Preempted", "pod": "demo-worker-1-0", "resumedFromStep": 20}
+    text = describe_job(w.job, list(w.pods.values()))
+    assert ("Last recovery: training resumed from step 20 12.5s after demo-worker-1-0 was lost "
+            "(Preempted at 2026-01-01T00:00:10+00:00, training again at "
+            "2026-01-01T00:00:22.500000+00:00)") in text
 
 
 def test_rbac_rules_cover_what_the_operator_does_and_no_secrets() -> None:
@@ -63,6 +75,7 @@ def test_metric_names() -> None:
     metrics.record_workers_created(2)
     metrics.record_losses(restarts=1, preemptions=2)
     metrics.record_recovery(5.0)
+    metrics.record_training_recovery(12.5)
     metrics.record_job("u1", "Running", desired=3, ready=2)
     metrics.record_job("u2", "Running", desired=5, ready=5)
     metrics.record_job("u2", None)
@@ -74,6 +87,8 @@ def test_metric_names() -> None:
                  "elastrain_operator_restarts_total 1.0",
                  "elastrain_operator_preemptions_total 2.0",
                  "elastrain_operator_recovery_seconds_count 1.0",
+                 "elastrain_operator_training_recovery_seconds_count 1.0",
+                 'elastrain_operator_training_recovery_seconds_bucket{le="1800.0"} 1.0',
                  "elastrain_operator_reconcile_duration_seconds_count 2.0",
                  "elastrain_operator_workers_desired 3.0",
                  "elastrain_operator_workers_ready 2.0"]:
