@@ -2,7 +2,7 @@
 tree, and reading an archive back (its config, its layers' entries) for checks and tests.
 
     manifest.json            [{"Config": "<sha256>.json", "RepoTags": [ref], "Layers": [...]}]
-    <sha256>.json            the image config: architecture, os, config (User, Env, Entrypoint, ...),
+    <sha256>.json            the image config: architecture, os, config (User, Env, Entrypoint),
                              rootfs.diff_ids (sha256 of each uncompressed layer tar)
     <sha256>/layer.tar       a layer, uncompressed
 
@@ -22,6 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+# Part of the base image's input hash: raise it when a change here changes what an archive holds
+# (the base is not rebuilt on every edit of this file, since every other image builds on it).
+LAYOUT_VERSION = "1"
 # Paths whose contents a layer never carries: the runtime mounts them (a debootstrap tree may still
 # hold device nodes or mount points there).
 RUNTIME_DIRS = ("dev", "proc", "sys", "run")

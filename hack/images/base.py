@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hack.images.archive import write_archive
+from hack.images.archive import LAYOUT_VERSION, write_archive
 from hack.images.cache import BuildError, run
 
 SUITE = "bookworm"
@@ -26,7 +26,8 @@ PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "var/cache/debconf", "va
 
 
 def build_args() -> dict[str, str]:
-    return {"SUITE": SUITE, "MIRROR": MIRROR, "PACKAGES": ",".join(PACKAGES)}
+    return {"SUITE": SUITE, "MIRROR": MIRROR, "PACKAGES": ",".join(PACKAGES),
+            "LAYOUT_VERSION": LAYOUT_VERSION}
 
 
 def build_base(dest: Path, *, ref: str, log_file: Path) -> None:

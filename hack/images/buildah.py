@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hack.images.cache import cache_root, run
+from hack.images.cache import cache_root, capture, run
 from hack.images.inputs import stage_context
 
 # Downloads inside a build (pip) must trust the host's certificate authorities.
@@ -42,16 +42,23 @@ def has_image(name: str) -> bool:
 
 
 def local_name(ref: str) -> str:
-    """The name buildah gives `ref` in its storage (short names land in localhost/)."""
+    """The name a loaded archive gets in buildah's storage (short names land in localhost/)."""
     return f"localhost/{ref}"
+
+
+def built_name(ref: str) -> str:
+    """The name a built image gets: ref normalised as containerd and the CRI normalise it, so the
+    pushed archive's RepoTags holds that one name (buildah adds the image's own names)."""
+    return f"docker.io/{ref}"
 
 
 def load_archive(archive: Path, ref: str, *, log_file: Path) -> str:
     """Makes the image of a docker-archive available to `FROM` as local_name(ref); returns it."""
     name = local_name(ref)
     if not has_image(name):
-        run(buildah_argv("pull", "--quiet", f"docker-archive:{archive}"), log_file=log_file)
-        run(buildah_argv("tag", f"docker.io/{ref}", name), log_file=log_file)
+        # buildah 1.28 names a short RepoTag localhost/<ref> itself; the tag makes sure of it.
+        image_id = capture(buildah_argv("pull", "--quiet", f"docker-archive:{archive}"))
+        run(buildah_argv("tag", image_id.splitlines()[-1], name), log_file=log_file)
     return name
 
 
@@ -63,15 +70,17 @@ def build_dockerfile(build: DockerfileBuild, dest: Path, *, repo: Path, ref: str
         stage_context(repo, [build.dockerfile, *build.context], Path(ctx))
         argv = buildah_argv("bud", "--isolation", "chroot", "--layers", "--pull=false",
                             "-v", f"{HOST_CERTS}:{HOST_CERTS}:ro",
-                            "-f", str(Path(ctx) / build.dockerfile), "-t", local_name(ref))
+                            "-f", str(Path(ctx) / build.dockerfile), "-t", built_name(ref))
         argv += _flags("--build-arg", [f"{k}={v}" for k, v in sorted(build.args.items())])
         argv += _flags("-v", build.volumes)
         run([*argv, ctx], log_file=log_file)
     partial = dest.with_name(f".{dest.name}.partial")
     partial.unlink(missing_ok=True)
-    run(buildah_argv("push", "--quiet", local_name(ref), f"docker-archive:{partial}:{ref}"),
+    run(buildah_argv("push", "--quiet", built_name(ref), f"docker-archive:{partial}:{ref}"),
         log_file=log_file)
     os.replace(partial, dest)
+    # The archive is the cache; --layers' intermediate images keep the build cache.
+    run(buildah_argv("rmi", built_name(ref)), log_file=log_file)
 
 
 def _flags(flag: str, values: Sequence[str]) -> list[str]:

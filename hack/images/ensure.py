@@ -4,16 +4,18 @@ hash matches, a locked build otherwise.
     pause     hack/images/pause.c, gcc -static                      (pause.py)
     base      debootstrap minbase bookworm + python3, python3-venv  (base.py)
     operator  Dockerfile, PYTHON_IMAGE=<base>                       (buildah.py)
-    trainer   trainer_image/Dockerfile, BASE_IMAGE=<base>, torch from PyPI without its CUDA
-              wheels (TORCH_CUDA_LIBS=0), the torch wheel from $ELASTRAIN_CACHE/wheels
+    trainer   trainer_image/Dockerfile, BASE_IMAGE=<base>, torch from PyPI (a CUDA build) without
+              triton and cuda-bindings, from a wheelhouse in $ELASTRAIN_CACHE/wheels
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
-import subprocess
+import re
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +28,20 @@ from hack.images.inputs import input_hash
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ("pause", "base", "operator", "trainer")
 DEFAULT_NAMES = ("pause", "operator", "trainer")
-# The pip index the trainer takes torch's own dependencies from (torch itself: the wheelhouse).
+# Where the trainer's torch comes from: PyPI (download.pytorch.org is not reachable everywhere),
+# through a wheelhouse filled once and mounted read-only into every build at WHEELS_IN_BUILD.
 PYPI = "https://pypi.org/simple"
 WHEELS_IN_BUILD = "/wheels"
 # The trainer's torch, pinned so that an image's input hash never depends on what a venv resolved
-# (`torch>=2.6` in pyproject.toml): the version the project venv has today, whose wheel pip's cache
-# already holds. Raise it together with the venv's.
+# (`torch>=2.6` in pyproject.toml): the version the project venv has today, so the e2e tier runs
+# the torch the other tiers test. Raise it together with the venv's.
 TORCH_VERSION = "2.15.0"
+# torch's requirements the CPU trainer leaves out (TORCH_SKIP_DEPS in trainer_image/Dockerfile):
+# loaded only by torch.compile and CUDA Python code. PyPI's nvidia-* wheels must stay: torch's own
+# libraries link them.
+TORCH_SKIP_DEPS = ("triton", "cuda-bindings")
+# Archives kept per image: the newest (current) and one before it (another checkout's, say).
+KEEP_ARCHIVES = 2
 # Tracked files both Dockerfiles copy, besides their own sources.
 PACKAGING = (".dockerignore", "pyproject.toml", "README.md")
 
@@ -98,27 +107,37 @@ def _build(plan: _Plan) -> None:
     record_time(image.name, image.input_hash, seconds)
     size = image.archive.stat().st_size / 2**20
     log(f"built {image.ref} in {seconds:.0f} s: {image.archive} ({size:.0f} MiB)")
+    prune_archives(image.name)
+
+
+def prune_archives(name: str, *, keep: int = KEEP_ARCHIVES) -> None:
+    """Deletes all but the `keep` newest archives of an image (a trainer archive is ~5 GB)."""
+    archives = sorted(images_dir().glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime)
+    for old in archives[:-keep]:
+        log(f"removing the old archive {old}")
+        old.unlink(missing_ok=True)
 
 
 def _plan(name: str, repo: Path, base_image: Image | None) -> _Plan:
+    paths: tuple[str, ...]
     if name == "pause":
         paths = ("hack/images/pause.c", "hack/images/pause.py", "hack/images/archive.py")
         return _make_plan(name, repo, paths, pause.build_args(),
                           lambda dest, lg, ref: pause.build_pause(dest, ref=ref, log_file=lg))
     if name == "base":
-        paths = ("hack/images/base.py", "hack/images/archive.py")
+        paths = ("hack/images/base.py",)
         return _make_plan(name, repo, paths, base.build_args(),
                           lambda dest, lg, ref: base.build_base(dest, ref=ref, log_file=lg))
     assert base_image is not None, f"{name} builds on the base image"
     build = operator_build(base_image) if name == "operator" else trainer_build(base_image)
-    paths = (build.dockerfile, *build.context, "hack/images/buildah.py", "hack/images/ensure.py")
+    paths = (build.dockerfile, *build.context)
     args = {**build.args, "BASE_INPUT_HASH": base_image.input_hash}
 
     def run_build(dest: Path, log_file: Path, ref: str) -> None:
         assert base_image is not None
         load_archive(base_image.archive, base_image.ref, log_file=log_file)
         if name == "trainer":
-            ensure_torch_wheel(log_file=log_file)
+            ensure_wheelhouse(log_file=log_file)
         build_dockerfile(build, dest, repo=repo, ref=ref, log_file=log_file)
 
     return _make_plan(name, repo, paths, args, run_build)
@@ -152,10 +171,10 @@ def trainer_build(base_image: Image) -> DockerfileBuild:
             "TORCH_VARIANT": "cpu",
             "TORCH_INDEX_URL": PYPI,
             "TORCH_REQUIREMENT": f"torch=={torch_version()}",
-            "TORCH_CUDA_LIBS": "0",
+            "TORCH_SKIP_DEPS": " ".join(TORCH_SKIP_DEPS),
             "PIP_FIND_LINKS": WHEELS_IN_BUILD,
         },
-        volumes=(f"{wheels_dir()}:{WHEELS_IN_BUILD}:ro",),
+        volumes=(f"{wheelhouse_dir()}:{WHEELS_IN_BUILD}:ro",),
     )
 
 
@@ -164,29 +183,49 @@ def torch_version() -> str:
     return os.environ.get("TORCH_VERSION") or TORCH_VERSION
 
 
-def wheels_dir() -> Path:
-    return cache_root() / "wheels"
+def wheelhouse_dir() -> Path:
+    return cache_root() / "wheels" / f"torch-{torch_version()}-cp311"
 
 
-def ensure_torch_wheel(*, log_file: Path) -> Path:
-    """The pinned torch wheel (CPython 3.11, manylinux x86_64) in $ELASTRAIN_CACHE/wheels,
-    downloaded from PyPI once (pip's HTTP cache makes that quick after a venv install)."""
-    version = torch_version()
-    pattern = f"torch-{version}-cp311-cp311-manylinux*_x86_64.whl"
-    wheels = wheels_dir()
-    wheels.mkdir(parents=True, exist_ok=True)
+def ensure_wheelhouse(*, log_file: Path) -> Path:
+    """$ELASTRAIN_CACHE/wheels/torch-<version>-cp311: the pinned torch wheel (CPython 3.11,
+    manylinux x86_64) and every requirement the trainer build installs from it (all of torch's
+    but TORCH_SKIP_DEPS), downloaded from PyPI once; `.complete` marks a finished set."""
+    wheels = wheelhouse_dir()
+    done = wheels / ".complete"
+    wanted = " ".join(TORCH_SKIP_DEPS)
     with locked("wheels"):
-        if found := sorted(wheels.glob(pattern)):
-            return found[-1]
-        partial = wheels / ".download"
-        subprocess.run(["rm", "-rf", str(partial)], check=True)
-        run([_pip_python(), "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "--platform", "manylinux_2_36_x86_64",
-             "--progress-bar", "off", "-d", str(partial), f"torch=={version}"], log_file=log_file)
-        (wheel,) = partial.glob(pattern)
-        wheel.rename(wheels / wheel.name)
-        partial.rmdir()
-        return wheels / wheel.name
+        if done.exists() and done.read_text() == wanted:
+            return wheels
+        wheels.mkdir(parents=True, exist_ok=True)
+        pip = [_pip_python(), "-m", "pip", "download", "--only-binary=:all:", "--progress-bar",
+               "off", "--python-version", "3.11", "--platform", "manylinux_2_36_x86_64",
+               "-d", str(wheels)]
+        run([*pip, "--no-deps", f"torch=={torch_version()}"], log_file=log_file)
+        (wheel,) = wheels.glob(f"torch-{torch_version()}-*.whl")
+        requirements = wheels / ".requirements.txt"
+        requirements.write_text("".join(f"{r}\n" for r in torch_requirements(wheel)))
+        run([*pip, "-r", str(requirements)], log_file=log_file)
+        done.write_text(wanted)
+    return wheels
+
+
+def torch_requirements(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a torch wheel, minus extras and TORCH_SKIP_DEPS."""
+    with zipfile.ZipFile(wheel) as whl:
+        (metadata,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = whl.read(metadata).decode().splitlines()
+    kept = []
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement = line.removeprefix("Requires-Dist:").strip()
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if "extra ==" in requirement or name is None:
+            continue
+        if not any(fnmatch.fnmatch(name.group().lower(), g) for g in TORCH_SKIP_DEPS):
+            kept.append(requirement)
+    return kept
 
 
 def _pip_python() -> str:
