@@ -59,9 +59,10 @@ test-trainer: venv build-deps  ## trainer unit + integration tests (real torchru
 bench: venv build-deps  ## benchmarks; each prints ratios measured side by side in one run
 	$(BIN)/python bench/checkpoint_s3.py
 
+TIER ?= a+
 .PHONY: cluster-up
-cluster-up: venv build-deps  ## start a tier A+ cluster and MinIO on loopback for humans
-	$(BIN)/python hack/cluster.py up
+cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)
+	$(BIN)/python hack/cluster.py up --tier $(TIER) --build
 
 .PHONY: cluster-down
 cluster-down:  ## stop what cluster-up started

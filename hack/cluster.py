@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 HACK = Path(__file__).resolve().parent
@@ -54,11 +54,20 @@ from hack.cluster_servers import (  # noqa: E402
 from hack.cluster_state import BUCKET as BUCKET  # noqa: E402
 from hack.cluster_state import REGION as REGION  # noqa: E402
 from hack.cluster_state import SHM, ClusterError, State, stop  # noqa: E402
+from hack.node import host as node_host  # noqa: E402
+from hack.node.config import NODE_IP  # noqa: E402
+from hack.node.servers import NodeBinaries, make_node_certificates  # noqa: E402
+from hack.node.tier import down_node, prepare_host, start_node  # noqa: E402
+
+Images = Mapping[str, tuple[str, Path]]  # name -> (image ref, docker-archive)
 
 DEFAULT_DIR = Path(os.environ.get("ELASTRAIN_CLUSTER_DIR", "/tmp/elastrain-cluster"))
 FAKE_NODES = ("node-a",)
-STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd", "minio")
-TIERS = ("none", "a", "a+")
+STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "containerd", "kube-scheduler",
+              "kube-controller-manager", "kube-apiserver", "etcd", "minio")
+TIERS = ("none", "a", "a+", "node")
+# What `up --tier node` loads into the node's containerd when the caller names no images.
+NODE_IMAGES = ("pause", "operator", "trainer")
 
 
 # ---------------------------------------------------------------------------- versions and binaries
@@ -89,6 +98,9 @@ def find_binaries(versions: dict[str, str] | None = None) -> Binaries:
         kube_controller_manager=k8s / "kube-controller-manager",
         kube_scheduler=k8s / "kube-scheduler",
         minio=root / f"minio-{commit_time}-{commit}" / "bin" / "minio",
+        kubelet=k8s / "kubelet",
+        kube_proxy=k8s / "kube-proxy",
+        coredns=root / f"coredns-v{v['COREDNS_VERSION']}" / "bin" / "coredns",
     )
 
 
@@ -101,8 +113,10 @@ def build(components: Sequence[str]) -> None:
 
 
 def up(directory: Path, *, tier: str = "a+", s3: bool = True, die_with_parent: bool = False,
-       binaries: Binaries | None = None) -> State:
-    """Starts the servers (or returns the running ones recorded in `directory`)."""
+       binaries: Binaries | None = None, images: Images | None = None) -> State:
+    """Starts the servers (or returns the running ones recorded in `directory`).
+    Tier node also runs a real node (hack/node) with `images` (default: NODE_IMAGES, built by
+    hack/images when missing) loaded into its containerd."""
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
     directory = directory.resolve()
@@ -123,34 +137,68 @@ def up(directory: Path, *, tier: str = "a+", s3: bool = True, die_with_parent: b
     state = State(dir=str(directory), tier=tier, k8s_version=versions["K8S_VERSION"])
     state.save()
     try:
-        _up(state, binaries, s3=s3, die_with_parent=die_with_parent)
+        if tier == "node":
+            with node_host.node_lock():
+                _up(state, binaries, s3=s3, die_with_parent=die_with_parent,
+                    images=images if images is not None else node_images())
+        else:
+            _up(state, binaries, s3=s3, die_with_parent=die_with_parent)
     except BaseException:
         down(directory)
         raise
     return state
 
 
-def _up(state: State, binaries: Binaries, *, s3: bool, die_with_parent: bool) -> None:
+def _up(state: State, binaries: Binaries, *, s3: bool, die_with_parent: bool,
+        images: Images | None = None) -> None:
+    # Tier node: everything pods reach binds the bridge's address (real-node.md, pitfall 5).
+    address = NODE_IP if state.tier == "node" else "127.0.0.1"
+    if state.tier == "node":
+        prepare_host(state)
     if state.tier != "none":
-        make_pki(Path(state.dir) / "pki")
+        make_pki(Path(state.dir) / "pki", extra_ips=(NODE_IP,) if state.tier == "node" else ())
+        if state.tier == "node":
+            make_node_certificates(state)
         etcd_url = start_etcd(state, binaries, die_with_parent=die_with_parent)
-        start_apiserver(state, binaries, etcd_url, die_with_parent=die_with_parent)
-    if state.tier == "a+":
+        start_apiserver(state, binaries, etcd_url, die_with_parent=die_with_parent,
+                        address=address)
+    if state.tier in ("a+", "node"):
         start_controller_manager(state, binaries, die_with_parent=die_with_parent)
         start_scheduler(state, binaries, die_with_parent=die_with_parent)
-        for name in FAKE_NODES:
-            register_fake_node(state, name)
+        if state.tier == "a+":
+            for name in FAKE_NODES:
+                register_fake_node(state, name)
         wait_for_default_service_account(state)
+    if state.tier == "node":
+        node_binaries = NodeBinaries(kubelet=binaries.kubelet, kube_proxy=binaries.kube_proxy,
+                                     coredns=binaries.coredns)
+        start_node(state, node_binaries, cache=cache_root(), images=images or {},
+                   die_with_parent=die_with_parent)
     if s3:
-        start_minio(state, binaries, die_with_parent=die_with_parent)
+        start_minio(state, binaries, die_with_parent=die_with_parent, address=address)
     state.save()
 
 
+def node_images(names: Sequence[str] = NODE_IMAGES) -> dict[str, tuple[str, Path]]:
+    """The project's images for the node (hack/images builds them, cached by input hash)."""
+    from hack.images import ensure_images
+
+    return {name: (image.ref, image.archive) for name, image in ensure_images(names).items()}
+
+
 def down(directory: Path) -> None:
-    """Stops every recorded server and removes their data; safe to call any number of times."""
+    """Stops every recorded server and removes their data; safe to call any number of times.
+    A real node is stopped first, in order, and the host cleaned (hack/node/tier.py)."""
     state = State.load(directory.resolve())
     if state is None:
         return
+    if state.node:
+        with node_host.node_lock():
+            down_node(state, stop_control_plane=lambda: _stop_servers(state))
+    _stop_servers(state)
+
+
+def _stop_servers(state: State) -> None:
     order = {name: i for i, name in enumerate(STOP_ORDER)}
     for proc in sorted(state.procs, key=lambda p: order.get(p.name, -1)):
         stop(proc)
@@ -197,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help=f"state, certificates, logs (default {DEFAULT_DIR})")
         if name == "up":
             cmd.add_argument("--tier", choices=TIERS, default="a+",
-                             help="a: etcd+apiserver; a+: also controller-manager and scheduler")
+                             help="a: etcd+apiserver; a+: also controller-manager and scheduler "
+                                  "and a fake node; node: a real kubelet node (root)")
             cmd.add_argument("--no-s3", dest="s3", action="store_false", help="skip MinIO")
             cmd.add_argument("--build", action="store_true",
                              help="run hack/build-all.sh first for missing binaries")

@@ -35,8 +35,9 @@ def _sign(pki: Path, name: str, subject: str, extensions: str) -> None:
     ext.unlink()
 
 
-def make_pki(pki: Path) -> None:
-    """A CA, the apiserver's serving cert, client certs and the service-account key pair."""
+def make_pki(pki: Path, *, extra_ips: tuple[str, ...] = ()) -> None:
+    """A CA, the apiserver's serving cert, client certs and the service-account key pair.
+    `extra_ips`: more addresses the apiserver is reached at (the real node's bridge address)."""
     pki.mkdir(parents=True, exist_ok=True)
     _new_key(pki / "ca.key")
     _openssl("req", "-x509", "-new", "-key", pki / "ca.key", "-subj", "/CN=elastrain-test-ca",
@@ -44,6 +45,7 @@ def make_pki(pki: Path) -> None:
     sans = ",".join([
         "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
         "DNS:kubernetes.default.svc.cluster.local", "IP:127.0.0.1", f"IP:{SERVICE_IP}",
+        *(f"IP:{ip}" for ip in extra_ips),
     ])
     server = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
@@ -70,3 +72,19 @@ def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
     }
     path.write_text(json.dumps(config, indent=2) + "\n")
     path.chmod(0o600)
+
+
+def make_node_pki(pki: Path, *, node_name: str, node_ip: str) -> None:
+    """What a real node adds to the CA of make_pki (note, pitfall 4): the kubelet's serving cert
+    (the node IP as SAN, checked by the apiserver's --kubelet-certificate-authority), the kubelet's
+    client cert as system:node:<name> (Node authorizer + NodeRestriction), kube-proxy's, and the
+    apiserver's client cert for the kubelet API (system:masters passes the kubelet's webhook
+    authorization)."""
+    server = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
+    _sign(pki, "kubelet-serving", f"/CN={node_name}",
+          server + f"subjectAltName=DNS:{node_name},IP:{node_ip}\n")
+    _sign(pki, "kubelet", f"/O=system:nodes/CN=system:node:{node_name}", client)
+    _sign(pki, "kube-proxy", "/CN=system:kube-proxy", client)
+    _sign(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+          client)

@@ -43,14 +43,20 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     minio: Path
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
 
     def needed(self, tier: str, s3: bool) -> list[tuple[str, Path]]:
         """(build-all.sh component, binary) pairs that `up` with these options runs."""
         wanted: list[tuple[str, Path]] = []
-        if tier in ("a", "a+"):
+        if tier in ("a", "a+", "node"):
             wanted += [("etcd", self.etcd), ("k8s", self.kube_apiserver)]
-        if tier == "a+":
+        if tier in ("a+", "node"):
             wanted += [("k8s", self.kube_controller_manager), ("k8s", self.kube_scheduler)]
+        if tier == "node":
+            wanted += [("node", self.kubelet), ("node", self.kube_proxy),
+                       ("coredns", self.coredns)]
         if s3:
             wanted.append(("minio", self.minio))
         return wanted
@@ -181,19 +187,40 @@ def start_etcd(state: State, binaries: Binaries, *, die_with_parent: bool) -> st
     return f"http://127.0.0.1:{ports['client']}"
 
 
+def _real_node_args(pki: Path) -> list[str]:
+    """What a cluster with a real kubelet needs (shared/notes/real-node.md, pitfall 4): the
+    kubernetes Service's endpoints kept (pods use it), the Node authorizer, and the apiserver's
+    client side of the kubelet API (logs, exec, port-forward)."""
+    return [
+        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
+
+
 def start_apiserver(state: State, binaries: Binaries, etcd_url: str, *,
-                    die_with_parent: bool) -> None:
+                    die_with_parent: bool, address: str = "127.0.0.1") -> None:
+    """On loopback (tiers a, a+), or on the real node's bridge address (tier node), where pods
+    reach it through the `kubernetes` Service."""
     pki = Path(state.dir) / "pki"
     port = {"secure": 0}
     # Tier a has no controller-manager to create `default` ServiceAccounts, so the ServiceAccount
     # admission plugin would refuse every pod; tier a+ keeps it, as a real cluster does.
     admission = ["--disable-admission-plugins=ServiceAccount"] if state.tier == "a" else []
+    if state.tier == "node":
+        mode = _real_node_args(pki)
+    else:
+        # The `kubernetes` Service's Endpoints may not hold a loopback address, and no pod
+        # could use one anyway: leave them unmanaged instead of logging errors forever.
+        mode = ["--authorization-mode=RBAC", "--endpoint-reconciler-type=none"]
 
     def argv() -> list[str]:
-        port["secure"] = free_port()
+        port["secure"] = free_port(address)
         return [
             str(binaries.kube_apiserver), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={address}", f"--advertise-address={address}",
             f"--secure-port={port['secure']}", f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -201,15 +228,12 @@ def start_apiserver(state: State, binaries: Binaries, etcd_url: str, *,
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
-            # The `kubernetes` Service's Endpoints may not hold a loopback address, and no pod
-            # could use one anyway: leave them unmanaged instead of logging errors forever.
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", *mode,
             "--allow-privileged=true", "--profiling=false", "--v=1", *admission,
         ]
 
     def ready() -> bool:
-        state.server = f"https://127.0.0.1:{port['secure']}"
+        state.server = f"https://{address}:{port['secure']}"
         return _healthz(state.server + "/readyz", _https_context(pki, "admin"))
 
     _start(state, "kube-apiserver", argv, ready, die_with_parent=die_with_parent, timeout=90)
@@ -231,15 +255,17 @@ def _component_argv(state: State, binary: Path, user: str, port: int) -> list[st
 def start_controller_manager(state: State, binaries: Binaries, *, die_with_parent: bool) -> None:
     pki = Path(state.dir) / "pki"
     port = {"secure": 0}
+    # No kubelet posts heartbeats for the fake nodes: without node-lifecycle-controller they stay
+    # Ready instead of being tainted unreachable and having their pods evicted. A real node needs
+    # it: it lifts the not-ready taint every new Node starts with (real-node.md, pitfall 3).
+    controllers = "*" if state.tier == "node" else "*,-node-lifecycle-controller"
 
     def argv() -> list[str]:
         port["secure"] = free_port()
         return [
             *_component_argv(state, binaries.kube_controller_manager, "controller-manager",
                              port["secure"]),
-            # No kubelet posts heartbeats for the fake nodes: without node-lifecycle-controller
-            # they stay Ready instead of being tainted unreachable and having their pods evicted.
-            "--controllers=*,-node-lifecycle-controller",
+            f"--controllers={controllers}",
             "--use-service-account-credentials=true",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",
@@ -313,7 +339,9 @@ def wait_for_default_service_account(state: State, timeout: float = 60) -> None:
     wait_until("default ServiceAccount", exists, None, log, timeout)
 
 
-def start_minio(state: State, binaries: Binaries, *, die_with_parent: bool) -> None:
+def start_minio(state: State, binaries: Binaries, *, die_with_parent: bool,
+                address: str = "127.0.0.1") -> None:
+    """On loopback, or on the real node's bridge address so that pods reach it too."""
     data = _data_dir(state, "minio")
     state.s3_access_key = "elastrain-" + secrets.token_hex(4)
     state.s3_secret_key = secrets.token_urlsafe(24)
@@ -323,9 +351,9 @@ def start_minio(state: State, binaries: Binaries, *, die_with_parent: bool) -> N
     port = {"api": 0}
 
     def argv() -> list[str]:
-        port["api"] = free_port()
-        state.s3_endpoint = f"http://127.0.0.1:{port['api']}"
-        return [str(binaries.minio), "server", "--quiet", "--address", f"127.0.0.1:{port['api']}",
+        port["api"] = free_port(address)
+        state.s3_endpoint = f"http://{address}:{port['api']}"
+        return [str(binaries.minio), "server", "--quiet", "--address", f"{address}:{port['api']}",
                 "--console-address", f"127.0.0.1:{free_port()}", str(data)]
 
     _start(state, "minio", argv, lambda: _healthz(state.s3_endpoint + "/minio/health/ready"),

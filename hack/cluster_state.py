@@ -31,9 +31,9 @@ class ClusterError(RuntimeError):
 # -------------------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -128,6 +128,8 @@ class State:
     s3_region: str = REGION
     data_dirs: list[str] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
+    # Tier node: what teardown must restore on the host (hack/node/tier.py).
+    node: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:

@@ -1,0 +1,291 @@
+"""The host side of the real node: Debian packages, the bridge, the firewall chain, ip_forward,
+the machine-wide lock, and the cleanup that leaves the host as it was.
+
+What the node changes on the host, and how `cleanup_host` undoes it (note, pitfalls 6, 9, 11):
+- the bridge BRIDGE (created here, deleted at the end; CNI attaches pods' veths to it);
+- iptables: our FIREWALL_CHAIN in FORWARD (pod traffic stays on the bridge) and kube-proxy's and
+  the kubelet's KUBE-* chains, v4 and v6 (`kube-proxy --cleanup` misses KUBE-FIREWALL);
+- net.ipv4.ip_forward: the CNI bridge plugin and Services need it on; restored to its old value;
+- mounts under RUN_DIR (pod volumes, container rootfs, sandbox shm) and /run/netns/cni-*;
+- cgroups: /kubepods in every hierarchy;
+- RUN_DIR itself, and /run/containerd when containerd 1.6's shims created it (fixed paths).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from hack.cluster_state import ClusterError
+from hack.node.config import (
+    BRIDGE,
+    FIREWALL_CHAIN,
+    LOCK_FILE,
+    NODE_IP,
+    OWNER_FILE,
+    POD_CIDR,
+    RUN_DIR,
+)
+
+# Debian package -> a program it installs; installed with apt-get when the program is missing.
+PACKAGES = {"containerd": "containerd", "runc": "runc",
+            "containernetworking-plugins": "/usr/lib/cni/bridge", "iptables": "iptables",
+            "conntrack": "conntrack", "iproute2": "ip"}
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NETNS_DIR = Path("/run/netns")
+CONTAINERD_FIXED_DIR = Path("/run/containerd")
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=120)
+
+
+# ---------------------------------------------------------------------------------- prerequisites
+
+
+def missing_packages() -> list[str]:
+    return sorted(pkg for pkg, program in PACKAGES.items()
+                  if not (Path(program).exists() if program.startswith("/")
+                          else shutil.which(program)))
+
+
+def install_packages() -> None:
+    """apt-get install what is missing (as the Prometheus test does); a clear error otherwise."""
+    missing = missing_packages()
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise ClusterError(f"the real node needs Debian packages {missing}: run as root with "
+                           f"apt-get, or install them")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
+    done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:  # a fresh machine may have no package lists yet
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{done.stderr[-2000:]}")
+
+
+def check_privileges() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("the real node needs root (bridge, iptables, cgroups, mounts)")
+
+
+# ------------------------------------------------------------------------------------------- lock
+
+
+@contextmanager
+def node_lock(timeout: float = 600) -> Iterator[None]:
+    """Serialises setting up and tearing down nodes on this machine (one node per machine)."""
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK_FILE.open("a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{LOCK_FILE} held for {timeout:.0f} s") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_owner() -> dict[str, object] | None:
+    """The running node's record: which cluster dir owns it (None when no node is recorded)."""
+    try:
+        owner: dict[str, object] = json.loads(OWNER_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    return owner
+
+
+def write_owner(cluster_dir: Path, pids: dict[str, int]) -> None:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    OWNER_FILE.write_text(json.dumps({"dir": str(cluster_dir), "pids": pids}) + "\n")
+
+
+# ---------------------------------------------------------------------------------------- network
+
+
+def read_ip_forward() -> str:
+    return IP_FORWARD.read_text().strip()
+
+
+def write_ip_forward(value: str) -> None:
+    IP_FORWARD.write_text(value + "\n")
+
+
+def create_bridge() -> None:
+    """The bridge exists before anything binds NODE_IP (apiserver, CoreDNS, MinIO bind it)."""
+    if run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+    prefix = POD_CIDR.split("/")[1]
+    if NODE_IP not in run("ip", "-4", "addr", "show", "dev", BRIDGE).stdout:
+        run("ip", "addr", "add", f"{NODE_IP}/{prefix}", "dev", BRIDGE)
+    run("ip", "link", "set", BRIDGE, "up")
+
+
+def delete_bridge() -> None:
+    run("ip", "link", "delete", BRIDGE, check=False)
+
+
+def install_firewall() -> None:
+    """Pods talk to each other and to the host, nothing else: frames forwarded between the bridge
+    and any other interface are dropped, both ways."""
+    for tool in ("iptables", "ip6tables"):
+        if run(tool, "-n", "-L", FIREWALL_CHAIN, check=False).returncode != 0:
+            run(tool, "-N", FIREWALL_CHAIN)
+        run(tool, "-F", FIREWALL_CHAIN)
+        run(tool, "-A", FIREWALL_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
+        run(tool, "-A", FIREWALL_CHAIN, "!", "-i", BRIDGE, "-o", BRIDGE, "-j", "DROP")
+        if run(tool, "-C", "FORWARD", "-j", FIREWALL_CHAIN, check=False).returncode != 0:
+            run(tool, "-I", "FORWARD", "1", "-j", FIREWALL_CHAIN)
+
+
+def _ours(chain: str) -> bool:
+    return chain.startswith("KUBE-") or chain == FIREWALL_CHAIN
+
+
+def remove_iptables_chains() -> None:
+    """Deletes every rule that jumps to a KUBE-* or our chain, then those chains, in every table,
+    v4 and v6. Parsing iptables-save catches what `kube-proxy --cleanup` leaves (KUBE-FIREWALL,
+    KUBE-KUBELET-CANARY)."""
+    for tool in ("iptables", "ip6tables"):
+        saved = run(f"{tool}-save", check=False).stdout
+        table = ""
+        chains: dict[str, list[str]] = {}
+        jumps: list[tuple[str, list[str]]] = []
+        for line in saved.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":"):
+                name = line[1:].split()[0]
+                if _ours(name):
+                    chains.setdefault(table, []).append(name)
+            elif line.startswith("-A "):
+                parts = line.split()
+                target = parts[parts.index("-j") + 1] if "-j" in parts else ""
+                if _ours(target) and not _ours(parts[1]):
+                    jumps.append((table, parts[1:]))
+        for table_name, rule in jumps:
+            run(tool, "-t", table_name, "-D", *_unquote(rule), check=False)
+        for table_name, names in chains.items():
+            for name in names:
+                run(tool, "-t", table_name, "-F", name, check=False)
+            for name in names:
+                run(tool, "-t", table_name, "-X", name, check=False)
+
+
+def _unquote(rule: list[str]) -> list[str]:
+    """iptables-save quotes comments ("--comment \"a b\""): rejoin them into one argument."""
+    out: list[str] = []
+    buf: list[str] | None = None
+    for part in rule:
+        if buf is not None:
+            buf.append(part)
+            if part.endswith('"'):
+                out.append(" ".join(buf)[1:-1])
+                buf = None
+        elif part.startswith('"') and not (part.endswith('"') and len(part) > 1):
+            buf = [part]
+        else:
+            out.append(part.strip('"') if part.startswith('"') else part)
+    return out
+
+
+def iptables_snapshot() -> str:
+    """Rules and chains without counters, v4 and v6: what a test compares before and after a
+    node. A table holding nothing but ACCEPT policies is left out: merely listing a table
+    (iptables -t nat -S) creates it empty with nf_tables, which changes no behaviour."""
+    out: list[str] = []
+    for tool in ("iptables-save", "ip6tables-save"):
+        table: list[str] = []
+        for line in run(tool, check=False).stdout.splitlines():
+            if line.startswith("#"):
+                continue
+            line = line.split(" [")[0] if line.startswith(":") else line
+            table.append(line)
+            if line == "COMMIT":
+                inert = all(x.startswith("*") or x == "COMMIT" or
+                            (x.startswith(":") and x.endswith(" ACCEPT")) for x in table)
+                if not inert:
+                    out += [tool, *table]
+                table = []
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------- cleanup
+
+
+def unmount_under(*prefixes: Path) -> None:
+    """Lazily unmounts every mount point at or below the prefixes, deepest first."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == str(p) or point.startswith(f"{p}/") for p in prefixes):
+            mounts.append(point)
+    for point in sorted(set(mounts), key=len, reverse=True):
+        run("umount", "-l", point, check=False)
+
+
+def remove_netns() -> None:
+    """The CRI's pod network namespaces (cni-<uuid>), left when containerd stopped with pods."""
+    if not NETNS_DIR.is_dir():
+        return
+    for ns in NETNS_DIR.glob("cni-*"):
+        run("ip", "netns", "delete", ns.name, check=False)
+        unmount_under(ns)
+        ns.unlink(missing_ok=True)
+
+
+def remove_kubepods_cgroups() -> None:
+    """rmdir /kubepods (the kubelet's cgroupfs root) in every hierarchy, leaves first; works only
+    once no process is left in them."""
+    for hierarchy in CGROUP_ROOT.iterdir():
+        top = hierarchy / "kubepods"
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                      reverse=True)
+        for path in [*dirs, top]:
+            with suppress(OSError):
+                path.rmdir()
+
+
+def kubepods_pids() -> set[int]:
+    """Processes still in the kubelet's cgroups (should be none after the node stopped)."""
+    pids: set[int] = set()
+    for procs in CGROUP_ROOT.glob("*/kubepods/**/cgroup.procs"):
+        try:
+            pids |= {int(x) for x in procs.read_text().split()}
+        except OSError:
+            continue
+    return pids
+
+
+def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool) -> None:
+    """Everything the module docstring lists, in an order that works with processes gone."""
+    remove_iptables_chains()
+    remove_netns()
+    unmount_under(RUN_DIR)
+    delete_bridge()
+    remove_kubepods_cgroups()
+    if ip_forward_before is not None:
+        write_ip_forward(ip_forward_before)
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    if not containerd_dir_existed:
+        unmount_under(CONTAINERD_FIXED_DIR)
+        shutil.rmtree(CONTAINERD_FIXED_DIR, ignore_errors=True)
