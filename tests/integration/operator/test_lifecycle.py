@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -246,6 +248,42 @@ def test_progress_is_polled_from_ready_workers(cluster: Cluster, operator: Opera
     assert status["lastCheckpoint"]["uri"] == "s3://bucket/run/step-40"
     columns = cluster.kubectl("get", "tj", "demo").stdout.splitlines()[1].split()
     assert columns[:5] == ["demo", "Running", "1/1", "42", "40"]
+
+
+def test_training_recovery_is_recorded_once_per_loss(
+        cluster: Cluster, operator_factory: Callable[..., Operator],
+        progress_server: ThreadingHTTPServer) -> None:
+    metrics_port = free_port()
+    op = operator_factory("--standalone", "--metrics-port", str(metrics_port))
+    op.start()
+    cluster.create_job(replicas=1, metricsPort=progress_server.server_address[1])
+    running(cluster, ["demo-worker-0-0"])
+    cluster.exit("demo-worker-0-0", 143, disruption="PreemptionByScheduler")
+    status = wait_for("the loss counted", lambda: s if (s := cluster.status()).get(
+        "recentLosses") else None)
+    lost_at = datetime.fromisoformat(status["recentLosses"][-1]["time"])
+    training_at = (lost_at + timedelta(seconds=3)).isoformat().replace("+00:00", "Z")
+    _Progress.payload = {**_Progress.payload, "step": 41, "resumedFromStep": 40,
+                         "trainingSince": training_at}
+    running(cluster, ["demo-worker-0-1"])
+    recovery = wait_for("status.lastRecovery", lambda: cluster.status().get("lastRecovery"))
+    assert recovery == {"lostAt": status["recentLosses"][-1]["time"], "trainingAt": training_at,
+                        "seconds": 3.0, "kind": "Preempted", "pod": "demo-worker-0-0",
+                        "resumedFromStep": 40}
+    (event,) = wait_for("TrainingResumed event", lambda: cluster.events("TrainingResumed"))
+    assert event["message"] == "training resumed from step 40 3.0s after demo-worker-0-0 was lost"
+    wait_for("the recovery in /metrics", lambda: "elastrain_operator_training_recovery_seconds_"
+             "count 1.0" in (_get(f"http://127.0.0.1:{metrics_port}/metrics") or ""))
+    # The same report, polled again and by a restarted operator, records nothing more.
+    op.kill()
+    op.start()
+    wait_for("the restarted operator reconciling", lambda: 'reconcile_total{result="success"}'
+             in (_get(f"http://127.0.0.1:{metrics_port}/metrics") or ""))
+    time.sleep(3)  # progress is polled every second
+    text = _get(f"http://127.0.0.1:{metrics_port}/metrics") or ""
+    assert "elastrain_operator_training_recovery_seconds_count 0.0" in text
+    assert len(cluster.events("TrainingResumed")) == 1
+    assert cluster.status()["lastRecovery"] == recovery
 
 
 def test_liveness_and_metrics_endpoints(cluster: Cluster,
