@@ -6,7 +6,7 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
 2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
 3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
-   the training recovery of the newest loss among them (policy.progress).
+   including how long training took to run again after the newest loss (policy.progress).
 
 Success, precisely: torchrun exits 0 only when its worker group completed, so the first worker
 pod that Succeeded (exit 0 and no disruption) means the world finished training. From then on
