@@ -40,6 +40,9 @@ TORCH_VERSION = "2.15.0"
 # loaded only by torch.compile and CUDA Python code. PyPI's nvidia-* wheels must stay: torch's own
 # libraries link them.
 TORCH_SKIP_DEPS = ("triton", "cuda-bindings")
+# pip download's --platform takes exact tags: every manylinux tag the base (glibc 2.36) runs.
+BASE_PLATFORMS = (*(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+                  *(f"--platform=manylinux{legacy}_x86_64" for legacy in ("2014", "2010", "1")))
 # Archives kept per image: the newest (current) and one before it (another checkout's, say).
 KEEP_ARCHIVES = 2
 # Tracked files both Dockerfiles copy, besides their own sources.
@@ -199,8 +202,7 @@ def ensure_wheelhouse(*, log_file: Path) -> Path:
             return wheels
         wheels.mkdir(parents=True, exist_ok=True)
         pip = [_pip_python(), "-m", "pip", "download", "--only-binary=:all:", "--progress-bar",
-               "off", "--python-version", "3.11", "--platform", "manylinux_2_36_x86_64",
-               "-d", str(wheels)]
+               "off", "--python-version", "3.11", *BASE_PLATFORMS, "-d", str(wheels)]
         run([*pip, "--no-deps", f"torch=={torch_version()}"], log_file=log_file)
         (wheel,) = wheels.glob(f"torch-{torch_version()}-*.whl")
         requirements = wheels / ".requirements.txt"
