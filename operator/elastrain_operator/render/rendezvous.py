@@ -19,8 +19,10 @@ from elastrain_operator.model.names import (
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.meta import Manifest, child_metadata
 
-STORE_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"},
-                   "limits": {"memory": "256Mi"}}
+# The store is a TCPStore, but reaching it means importing torch: PyPI's CUDA build maps ~530 MiB
+# on import (measured: max RSS 526 MiB), and a 256Mi limit OOM-killed the store on a real node.
+STORE_RESOURCES = {"requests": {"cpu": "50m", "memory": "640Mi"},
+                   "limits": {"memory": "1Gi"}}
 
 
 def render_store_command(port: int) -> list[str]:
