@@ -64,6 +64,14 @@ TIER ?= a+
 cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)
 	$(BIN)/python hack/cluster.py up --tier $(TIER) --build
 
+.PHONY: images-local
+images-local:  ## build the pause, operator and trainer images here, without Docker or a registry (buildah; cached by input hash)
+	$(PY) -m hack.images build pause operator trainer
+
+.PHONY: test-e2e
+test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs)
+	$(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
+
 .PHONY: cluster-down
 cluster-down:  ## stop what cluster-up started
 	$(BIN)/python hack/cluster.py down
