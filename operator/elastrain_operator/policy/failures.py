@@ -8,7 +8,10 @@
   pod of an active slot, so a deletion is someone else's: a drain, the pod GC after the node went
   away, a user), or a kubelet status reason that means the node dropped it (Evicted, NodeLost,
   Shutdown, Terminated, ...). This is checked first: a trainer that checkpoints on SIGTERM exits
-  143 or even 0, and must not look failed or finished.
+  143 or even 0, and must not look failed or finished. Also a worker whose torchrun agent lost
+  the job's rendezvous store (its log, kept as the termination message, ends in
+  RendezvousConnectionError): the store pod was deleted or its node lost, and every agent exits
+  with it; the trainers have saved on the agent's SIGTERM, so this is the platform's loss too.
 - Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...).
 - Succeeded: the pod Succeeded (torchrun exited 0: its whole worker group finished).
 - Running / Pending: still going, or not started yet (`unschedulable` says why it waits).
@@ -29,6 +32,9 @@ DISRUPTION_REASONS = frozenset({
     "Evicted", "NodeLost", "Preempting", "Shutdown", "NodeShutdown", "Terminated",
     "UnexpectedAdmissionError", "NodeAffinity", "OutOfcpu", "OutOfmemory", "OutOfpods",
 })
+# What torchrun's c10d rendezvous raises when the job's store stops answering (seen on a real node
+# when the store pod was deleted: every agent exits 1 with it, from its keep-alive or its poll).
+RENDEZVOUS_LOST = "RendezvousConnectionError"
 
 
 class Exit(StrEnum):
@@ -56,6 +62,7 @@ class WorkerPod:
     disruption_reason: str = ""
     exit_code: int | None = None
     exit_reason: str = ""
+    exit_message: str = ""  # the container's termination message (the log's tail on error)
     unschedulable: str = ""
     waiting_reason: str = ""
     waiting_message: str = ""
@@ -103,6 +110,7 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
                            if disruption and disruption.get("status") == "True" else ""),
         exit_code=terminated.get("exitCode"),
         exit_reason=str(terminated.get("reason") or ""),
+        exit_message=str(terminated.get("message") or ""),
         unschedulable=(str(scheduled.get("message") or "Unschedulable")
                        if scheduled and scheduled.get("status") == "False" else ""),
         waiting_reason=str(waiting.get("reason") or ""),
@@ -111,8 +119,14 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
     )
 
 
+def lost_rendezvous(pod: WorkerPod) -> bool:
+    return pod.phase == "Failed" and RENDEZVOUS_LOST in pod.exit_message
+
+
 def classify_pod_exit(pod: WorkerPod) -> Exit:
     if pod.disruption_reason or pod.deleting or pod.status_reason in DISRUPTION_REASONS:
+        return Exit.PREEMPTED
+    if lost_rendezvous(pod):
         return Exit.PREEMPTED
     if pod.phase == "Succeeded":
         return Exit.SUCCEEDED
@@ -131,6 +145,8 @@ def describe_exit(pod: WorkerPod) -> str:
         return "pod deleted"
     if pod.status_reason in DISRUPTION_REASONS:
         return f"pod {pod.status_reason}"
+    if lost_rendezvous(pod):
+        return f"rendezvous store lost ({RENDEZVOUS_LOST})"
     parts = [f"exit code {pod.exit_code}" if pod.exit_code is not None else "no exit code"]
     if pod.exit_reason:
         parts.append(pod.exit_reason)

@@ -40,6 +40,9 @@ def _container(job: TrainingJob) -> Manifest:
         "command": render_command(spec),
         "env": render_worker_env(spec, namespace=job.metadata.namespace,
                                  job_uid=job.metadata.uid, job_name=job.metadata.name),
+        # A failed container's log tail lands in its status, where the operator reads why torchrun
+        # exited (policy/failures.py) and users see it without the pod's logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.args:
         container["args"] = list(spec.args)

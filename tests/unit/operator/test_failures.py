@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from elastrain_operator.model.names import WORKER_FINALIZER
-from elastrain_operator.policy.failures import Exit, classify_pod_exit, read_worker_pod
+from elastrain_operator.policy.failures import (
+    Exit,
+    classify_pod_exit,
+    describe_exit,
+    read_worker_pod,
+)
 
 DISRUPTION_REASONS = ["PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI",
                       "DeletionByPodGC", "TerminationByKubelet"]
@@ -15,14 +20,14 @@ DISRUPTION_REASONS = ["PreemptionByScheduler", "DeletionByTaintManager", "Evicti
 
 def make_pod(*, phase: str = "Running", exit_code: int | None = None, exit_reason: str = "",
              disruption: str | None = None, deleting: bool = False, reason: str = "",
-             index: int = 0, attempt: int = 0) -> dict[str, Any]:
+             index: int = 0, attempt: int = 0, message: str = "") -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase, "conditions": []}
     if disruption:
         status["conditions"].append({"type": "DisruptionTarget", "status": "True",
                                      "reason": disruption})
     if exit_code is not None:
         status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
-            "exitCode": exit_code, "reason": exit_reason}}}]
+            "exitCode": exit_code, "reason": exit_reason, "message": message}}}]
     if reason:
         status["reason"] = reason
     meta: dict[str, Any] = {"name": f"j-worker-{index}-{attempt}", "finalizers": [WORKER_FINALIZER],
@@ -69,6 +74,23 @@ def test_own_failures() -> None:
     assert classify(phase="Failed", exit_code=1, exit_reason="Error") is Exit.FAILED
     assert classify(phase="Failed", exit_code=137, exit_reason="OOMKilled") is Exit.FAILED
     assert classify(phase="Failed", exit_code=143) is Exit.FAILED  # SIGTERM without disruption
+
+
+# The tail of a real agent's log after its job's store pod was deleted (e2e, a real node).
+STORE_LOST_LOG = """    raise RendezvousConnectionError(
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d \
+store has failed. See inner exception for details."""
+
+
+def test_agent_that_lost_the_rendezvous_store_is_preempted_not_failed() -> None:
+    assert classify(phase="Failed", exit_code=1, exit_reason="Error",
+                    message=STORE_LOST_LOG) is Exit.PREEMPTED
+    pod = read_worker_pod(make_pod(phase="Failed", exit_code=1, message=STORE_LOST_LOG),
+                          WORKER_FINALIZER)
+    assert pod is not None and "rendezvous store lost" in describe_exit(pod)
+    # Any other traceback is the job's own failure.
+    assert classify(phase="Failed", exit_code=1, exit_reason="Error",
+                    message="ValueError: boom") is Exit.FAILED
 
 
 def test_success_running_pending() -> None:

@@ -51,6 +51,7 @@ spec:
   - name: trainer
     image: trainer:dev
     command: [torchrun, -m, elastrain_trainer]
+    terminationMessagePolicy: FallbackToLogsOnError
     args: [--steps, "5"]
     ports: [{name: metrics, containerPort: 9400, protocol: TCP}]
     resources: {limits: {cpu: "2"}}
