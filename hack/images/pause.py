@@ -16,8 +16,13 @@ USER = "65532:65532"
 
 
 def build_args() -> dict[str, str]:
-    """What besides pause.c decides the binary: the compiler and its flags."""
-    return {"CC": capture(["gcc", "--version"]).splitlines()[0], "CFLAGS": " ".join(CFLAGS)}
+    """What besides pause.c decides the binary: the compiler and its flags. Without gcc the hash
+    matches no archive, so a build is attempted (and says gcc is missing)."""
+    try:
+        compiler = capture(["gcc", "--version"]).splitlines()[0]
+    except FileNotFoundError:
+        compiler = "gcc not found"
+    return {"CC": compiler, "CFLAGS": " ".join(CFLAGS)}
 
 
 def build_pause(dest: Path, *, ref: str, log_file: Path) -> None:
