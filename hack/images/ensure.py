@@ -10,6 +10,7 @@ hash matches, a locked build otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import re
@@ -115,8 +116,11 @@ def _build(plan: _Plan) -> None:
 
 def prune_archives(name: str, *, keep: int = KEEP_ARCHIVES) -> None:
     """Deletes all but the `keep` newest archives of an image (a trainer archive is ~5 GB)."""
-    archives = sorted(images_dir().glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime)
-    for old in archives[:-keep]:
+    archives = []
+    for path in images_dir().glob(f"{name}-*.tar"):
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another builder
+            archives.append((path.stat().st_mtime, path))
+    for _, old in sorted(archives)[:-keep]:
         log(f"removing the old archive {old}")
         old.unlink(missing_ok=True)
 
