@@ -44,8 +44,8 @@ TORCH_SKIP_DEPS = ("triton", "cuda-bindings")
 # pip download's --platform takes exact tags: every manylinux tag the base (glibc 2.36) runs.
 BASE_PLATFORMS = (*(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
                   *(f"--platform=manylinux{legacy}_x86_64" for legacy in ("2014", "2010", "1")))
-# Archives kept per image: the newest (current) and one before it (another checkout's, say).
-KEEP_ARCHIVES = 2
+# Archives kept per image: the newest only (a trainer archive is ~5 GB, and disks here are shared).
+KEEP_ARCHIVES = 1
 # Tracked files both Dockerfiles copy, besides their own sources.
 PACKAGING = (".dockerignore", "pyproject.toml", "README.md")
 
