@@ -57,7 +57,7 @@ from hack.cluster_state import SHM, ClusterError, State, stop  # noqa: E402
 from hack.node import host as node_host  # noqa: E402
 from hack.node.config import NODE_IP  # noqa: E402
 from hack.node.servers import NodeBinaries, make_node_certificates  # noqa: E402
-from hack.node.tier import down_node, prepare_host, start_node  # noqa: E402
+from hack.node.tier import down_node, load_images, prepare_host, start_node  # noqa: E402
 
 Images = Mapping[str, tuple[str, Path]]  # name -> (image ref, docker-archive)
 
@@ -184,6 +184,11 @@ def node_images(names: Sequence[str] = NODE_IMAGES) -> dict[str, tuple[str, Path
     from hack.images import ensure_images
 
     return {name: (image.ref, image.archive) for name, image in ensure_images(names).items()}
+
+
+def load_node_images(state: State, images: Images) -> None:
+    """Imports images into the running node of `state` (a no-op for those it has)."""
+    load_images(state, images, cache=cache_root())
 
 
 def down(directory: Path) -> None:

@@ -103,9 +103,16 @@ def normalized(ref: str) -> str:
 
 def import_image(paths: NodePaths, ref: str, archive: Path) -> bool:
     """Imports a docker-archive unless containerd already has `ref`; True when it imported.
-    The containerd root is in the cache, so a warm run finds its images there."""
-    if normalized(ref) in image_names(paths):
+    The containerd root is in the cache, so a warm run finds its images there. Other tags of
+    the same repository (older builds) are removed first: the trainer image is ~5 GB, and
+    containerd's garbage collector frees their blobs and snapshots once nothing names them."""
+    names = image_names(paths)
+    if normalized(ref) in names:
         return False
+    repository = normalized(ref).rpartition(":")[0]
+    stale = [n for n in names if n.rpartition(":")[0] == repository]
+    if stale:
+        ctr(paths, "images", "rm", *stale, check=False)
     done = ctr(paths, "images", "import", str(archive), check=False)
     if done.returncode != 0 or normalized(ref) not in image_names(paths):
         raise ClusterError(f"importing {archive} as {ref} failed: {done.stderr.strip()}")

@@ -74,8 +74,7 @@ def start_node(state: State, binaries: NodeBinaries, *, cache: Path,
     start_containerd(state, paths, sandbox_image=images["pause"][0],
                      die_with_parent=die_with_parent)
     remove_stale_containers(paths)
-    for ref, archive in images.values():
-        import_image(paths, ref, archive)
+    load_images(state, images, cache=cache)
     start_kubelet(state, paths, binaries, credentials["kubelet"], die_with_parent=die_with_parent)
     start_kube_proxy(state, paths, binaries, credentials["kube-proxy"],
                      die_with_parent=die_with_parent)
@@ -84,6 +83,14 @@ def start_node(state: State, binaries: NodeBinaries, *, cache: Path,
     state.node["containerd_socket"] = str(paths.containerd_socket)
     state.save()
     host.write_owner(Path(state.dir), {p.name: p.pid for p in state.procs})
+
+
+def load_images(state: State, images: Mapping[str, tuple[str, Path]], *, cache: Path) -> None:
+    """Imports each (ref, docker-archive) the node's containerd lacks; also into a running node
+    (the e2e fixture reusing a cluster after an image was rebuilt)."""
+    paths = node_paths(state, cache)
+    for ref, archive in images.values():
+        import_image(paths, ref, archive)
 
 
 def down_node(state: State, *, stop_control_plane: Callable[[], None] | None = None) -> None:

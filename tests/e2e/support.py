@@ -1,0 +1,217 @@
+"""What the e2e scenarios share: kubectl, polling, a TrainingJob builder, the trainers' own
+records collected from their pods' logs, and reading counters from status, events and metrics.
+
+The trainers' records (one JSON object per stdout line, elastrain_trainer.events) are the
+ground truth for training continuity: `LogCollector` follows every worker pod's log from the
+moment it starts until its container ends, so the records of an evicted pod are kept after the
+pod object is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import pytest
+import yaml
+
+T = TypeVar("T")
+Manifest = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "runs" / "e2e"
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    kubeconfig: Path
+
+    def __call__(self, *args: str, check: bool = True, input_text: str | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+                              input=input_text, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: Manifest) -> None:
+        self("apply", "-f", "-", input_text=json.dumps(manifest))
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0,
+             interval: float = 0.5) -> T:
+    """Poll until probe returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return cast(T, last)
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+# ------------------------------------------------------------------------------------ the job
+
+
+EXAMPLE_JOB = ROOT / "examples" / "kind" / "cpu-gloo.yaml"
+
+
+def make_job(name: str, namespace: str, *, image: str, s3_endpoint: str, bucket: str,
+             steps: int = 240, replicas: int = 3, interval_steps: int = 20,
+             step_sleep: float = 0.25, grace_seconds: int = 60, **spec: Any) -> Manifest:
+    """The kind example (examples/kind/cpu-gloo.yaml: DDP over gloo, the tiny GPT, checkpoints
+    to MinIO), as the issue's e2e job: 3 workers, min 2. What differs from kind is only what a
+    one-node cluster needs: no spot/on-demand node selectors, the node's own MinIO and images."""
+    job: Manifest = yaml.safe_load(EXAMPLE_JOB.read_text())
+    job["metadata"] = {"name": name, "namespace": namespace}
+    s = job["spec"]
+    s.update(image=image, replicas=replicas, minReplicas=2, maxReplicas=3,
+             terminationGracePeriodSeconds=grace_seconds)
+    s["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
+                      "limits": {"memory": "1536Mi"}}
+    s["trainer"].update(steps=steps, seqLen=64)
+    # Paces the tiny model so that events land mid-run on a 2-core machine.
+    s["env"] = [{"name": "ELASTRAIN_STEP_SLEEP_SECONDS", "value": str(step_sleep)}]
+    s["checkpoint"].update(uri=f"s3://{bucket}/{namespace}/{name}", endpoint=s3_endpoint,
+                           intervalSteps=interval_steps)
+    s["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    # The images were imported into containerd; there is no registry to pull from.
+    s["template"] = {"imagePullPolicy": "Never"}
+    s.pop("rendezvous", None)
+    s.pop("ttlSecondsAfterFinished", None)
+    s.update(spec)
+    return job
+
+
+# ------------------------------------------------------------------------------ trainer records
+
+
+class LogCollector:
+    """Follows the trainer container's log of every pod matching a selector, as pods appear."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, selector: str, out: Path) -> None:
+        self.kubectl, self.ns, self.selector, self.out = kubectl, namespace, selector, out
+        self.records: list[dict[str, Any]] = []
+        self._followed: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        out.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> LogCollector:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            done = self.kubectl("get", "pods", "-n", self.ns, "-l", self.selector, "-o", "json",
+                                check=False)
+            if done.returncode == 0:
+                for pod in json.loads(done.stdout)["items"]:
+                    name = pod["metadata"]["name"]
+                    statuses = pod.get("status", {}).get("containerStatuses") or []
+                    started = any(s.get("state", {}).get("running") or
+                                  s.get("state", {}).get("terminated") for s in statuses)
+                    if started and name not in self._followed:
+                        self._followed.add(name)
+                        threading.Thread(target=self._follow, args=(name,), daemon=True).start()
+            self._stop.wait(0.5)
+
+    def _follow(self, pod: str) -> None:
+        from elastrain_trainer.events import parse_line
+
+        argv = ["kubectl", "--kubeconfig", str(self.kubectl.kubeconfig), "logs", "-f", "-n",
+                self.ns, pod, "-c", "trainer"]
+        with (self.out / f"{pod}.log").open("w") as raw, subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                raw.write(line)
+                raw.flush()
+                record = parse_line(line)
+                if record is not None:
+                    with self._lock:
+                        self.records.append({**record, "pod": pod})
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return sorted((r for r in self.records if r["event"] == kind),
+                          key=lambda r: float(r["time"]))
+
+    def max_step(self) -> int:
+        return max((int(r["step"]) for r in self.events("step")), default=0)
+
+    def wait_for_step(self, step: int, timeout: float = 180) -> None:
+        wait_for(f"training step {step}", lambda: self.max_step() >= step, timeout=timeout)
+
+
+def first_step_after(collector: LogCollector, since: float) -> dict[str, Any] | None:
+    """The first step record trained after a resume that happened after `since` (epoch s)."""
+    resumes = [r for r in collector.events("resumed") if float(r["time"]) > since]
+    if not resumes:
+        return None
+    resumed_at = float(resumes[0]["time"])
+    steps = [r for r in collector.events("step") if float(r["time"]) >= resumed_at]
+    return steps[0] if steps else None
+
+
+def steps_lost_at(collector: LogCollector, since: float) -> int:
+    """Steps trained before `since` that the resume after it trained again."""
+    before = max((int(r["step"]) for r in collector.events("step")
+                  if float(r["time"]) <= since), default=0)
+    resumes = [r for r in collector.events("resumed") if float(r["time"]) > since]
+    return max(0, before - int(resumes[0]["step"])) if resumes else before
+
+
+# ----------------------------------------------------------------------------------- counters
+
+
+def job_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    doc = kubectl.json("get", "trainingjob", name, "-n", namespace)
+    return cast(dict[str, Any], doc.get("status", {}))
+
+
+def event_reasons(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
+    doc = kubectl.json("get", "events", "-n", namespace,
+                       "--field-selector", f"involvedObject.name={name}")
+    out: list[str] = []
+    for event in doc["items"]:
+        out += [event["reason"]] * int(event.get("count") or 1)
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A Prometheus text exposition as {sample name with labels: value}."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def record_recovery(scenario: str, seconds: float, **details: Any) -> None:
+    """Appends one recovery (worker lost -> first training step after resume) to the JSON file
+    of this run and prints it into the test output."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / "recovery.json"
+    doc = json.loads(path.read_text()) if path.exists() else []
+    doc.append({"scenario": scenario, "recovery_seconds": round(seconds, 2), **details})
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"recovery[{scenario}]: {seconds:.1f} s {details}")

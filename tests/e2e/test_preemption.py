@@ -1,0 +1,253 @@
+"""Scenarios 1-3 and 5-8 of the e2e suite, on one long-running TrainingJob (3 workers, min 2,
+DDP over gloo, checkpoints to MinIO on the pod bridge), in order. Each scenario reads the counter
+deltas it causes from the job's status and events, and training continuity from the trainers'
+own records (step, resumed-from step), and records its recovery time (worker lost -> first
+training step after the resume) in runs/e2e/recovery.json.
+
+One job for all of them because starting three torch workers costs a minute on two cores; each
+scenario first waits until the job is back at full size and training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import OPERATOR_NAMESPACE, NodeCluster
+from tests.e2e.support import (
+    ARTIFACTS,
+    Kubectl,
+    LogCollector,
+    event_reasons,
+    first_step_after,
+    job_status,
+    make_job,
+    record_recovery,
+    steps_lost_at,
+    wait_for,
+)
+
+JOB = "chaos"
+INTERVAL_STEPS = 20
+WORKERS = "elastrain.dev/job-name=chaos,elastrain.dev/role=worker"
+
+
+@dataclass
+class Training:
+    node: NodeCluster
+    ns: str
+    logs: LogCollector
+
+    @property
+    def k(self) -> Kubectl:
+        return self.node.kubectl
+
+    def status(self) -> dict[str, Any]:
+        return job_status(self.k, self.ns, JOB)
+
+    def workers(self) -> list[dict[str, Any]]:
+        pods = self.k.json("get", "pods", "-n", self.ns, "-l", WORKERS)["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def worker(self, index: int) -> str:
+        for pod in self.workers():
+            if pod["metadata"]["labels"]["elastrain.dev/worker-index"] == str(index):
+                return str(pod["metadata"]["name"])
+        pytest.fail(f"no live pod for worker {index}")
+
+    def at_full_size(self, replicas: int = 3) -> bool:
+        status = self.status()
+        return bool(status.get("readyReplicas") == replicas and status.get("phase") == "Running"
+                    and not status.get("recoveringSince"))
+
+    def settle(self, replicas: int = 3) -> None:
+        """Full size, Ready, and training: a step trained after every current pod started."""
+        wait_for(f"{replicas} ready workers", lambda: self.at_full_size(replicas), timeout=240)
+        mark = time.time()
+        wait_for("a training step at full size",
+                 lambda: any(float(r["time"]) > mark and r.get("world_size") == replicas
+                             for r in self.logs.events("step")), timeout=180)
+
+    def evict(self, pod: str) -> float:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": self.ns}}
+        at = time.time()
+        self.k("create", "--raw", f"/api/v1/namespaces/{self.ns}/pods/{pod}/eviction", "-f", "-",
+               input_text=json.dumps(body))
+        return at
+
+    def resumed_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
+        return wait_for("a training step after the resume",
+                        lambda: first_step_after(self.logs, since), timeout=timeout)
+
+    def counters(self) -> tuple[int, int]:
+        s = self.status()
+        return int(s.get("preemptions", 0)), int(s.get("restarts", 0))
+
+
+@pytest.fixture(scope="module")
+def training(operator: NodeCluster) -> Iterator[Training]:
+    k = operator.kubectl
+    ns = f"e2e-chaos-{uuid.uuid4().hex[:4]}"
+    k("create", "namespace", ns)
+    wait_for("default ServiceAccount", lambda: k("get", "sa", "default", "-n", ns,
+                                                 check=False).returncode == 0)
+    k("create", "secret", "generic", "checkpoint-s3", "-n", ns,
+      f"--from-literal=AWS_ACCESS_KEY_ID={operator.s3.access_key}",
+      f"--from-literal=AWS_SECRET_ACCESS_KEY={operator.s3.secret_key}")
+    k.apply(make_job(JOB, ns, image=operator.images["trainer"], steps=100_000,
+                     s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
+                     interval_steps=INTERVAL_STEPS))
+    with LogCollector(k, ns, WORKERS, ARTIFACTS / "chaos") as logs:
+        t = Training(operator, ns, logs)
+        t.settle()
+        yield t
+    k("delete", "trainingjob", JOB, "-n", ns, "--wait=false", check=False)
+    k("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _preempt_and_check(t: Training, index: int, scenario: str) -> None:
+    t.settle()
+    before = t.counters()
+    pod = t.worker(index)
+    at = t.evict(pod)
+    first = t.resumed_after(at)
+    record_recovery(scenario, float(first["time"]) - at, pod=pod,
+                    resumed_from=first["step"] - 1)
+    # The pod the operator saw: preempted (DisruptionTarget), never a failure.
+    wait_for("the preemption counted", lambda: t.counters()[0] == before[0] + 1)
+    t.settle()
+    assert t.counters() == (before[0] + 1, before[1])
+    assert steps_lost_at(t.logs, at) == 0, "the SIGTERM checkpoint lost steps"
+    assert "WorkerPreempted" in event_reasons(t.k, t.ns, JOB)
+
+
+def test_1_evicted_worker_resumes_from_its_sigterm_checkpoint(training: Training) -> None:
+    _preempt_and_check(training, 1, "1-evict-worker-1")
+
+
+def test_2_evicting_worker_0_loses_no_rendezvous(training: Training) -> None:
+    _preempt_and_check(training, 0, "2-evict-worker-0")
+
+
+def _container_pid(t: Training, pod: str) -> int:
+    status = t.k.json("get", "pod", pod, "-n", t.ns)["status"]
+    container_id = status["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    pid_file = Path("/run/elastrain-node/containerd/io.containerd.runtime.v2.task/k8s.io",
+                    container_id, "init.pid")
+    return int(pid_file.read_text())
+
+
+def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: Training) -> None:
+    t = training
+    t.settle()
+    before = t.counters()
+    pod = t.worker(2)
+    at = time.time()
+    os.kill(_container_pid(t, pod), signal.SIGKILL)  # no notice: the whole container dies
+    first = t.resumed_after(at)
+    record_recovery("3-sigkill-worker-2", float(first["time"]) - at, pod=pod,
+                    resumed_from=first["step"] - 1)
+    # An exit the trainer did not choose (137, no DisruptionTarget) is a failure by policy.
+    wait_for("the failure counted", lambda: t.counters()[1] == before[1] + 1)
+    t.settle()
+    assert t.counters() == (before[0], before[1] + 1)
+    assert steps_lost_at(t.logs, at) <= INTERVAL_STEPS
+    assert "WorkerFailed" in event_reasons(t.k, t.ns, JOB)
+
+
+def _store(t: Training) -> dict[str, Any] | None:
+    done = t.k("get", "pod", f"{JOB}-rdzv", "-n", t.ns, "-o", "json", check=False)
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def _ready(pod: dict[str, Any] | None) -> bool:
+    conditions = (pod or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def test_5_lost_rendezvous_store_is_recreated_without_a_failure(training: Training) -> None:
+    """Every torchrun agent exits when the store goes (c10d rendezvous state lives only there);
+    the operator recreates the store, counts each such worker as preempted (never a failure),
+    replaces it, and training resumes from the checkpoint the agents' SIGTERM made."""
+    t = training
+    t.settle()
+    before = t.counters()
+    old = _store(t)
+    assert old is not None
+    at = time.time()
+    t.k("delete", "pod", f"{JOB}-rdzv", "-n", t.ns, "--wait=false")
+    wait_for("a new store pod, Ready", lambda: (new := _store(t)) is not None and _ready(new)
+             and new["metadata"]["uid"] != old["metadata"]["uid"], timeout=120)
+    first = t.resumed_after(at)
+    record_recovery("5-store-pod-deleted", float(first["time"]) - at)
+    t.settle()
+    preemptions, restarts = t.counters()
+    assert restarts == before[1], "losing the store was counted as a failure"
+    lost = [x for x in t.status().get("recentLosses", [])
+            if x["time"] >= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(at)))]
+    assert lost and all("rendezvous store lost" in x["reason"] for x in lost), lost
+    assert preemptions == before[0] + len(lost)
+    assert steps_lost_at(t.logs, at) == 0
+
+
+def test_6_scale_down_and_up_keeps_training(training: Training) -> None:
+    t = training
+    t.settle()
+    before = t.counters()
+    t.k("scale", "trainingjob", JOB, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    t.k("scale", "trainingjob", JOB, "-n", t.ns, "--replicas=3")
+    t.settle(replicas=3)
+    assert t.counters() == before, "a scale event was counted as a loss"
+    worlds = [int(r["world_size"]) for r in t.logs.events("resumed")]
+    assert worlds[-2:] == [2, 3]
+
+
+def test_7_drain_waits_then_resumes_with_no_steps_lost(training: Training) -> None:
+    t = training
+    t.settle()
+    before = t.counters()
+    at = time.time()
+    # Drains the workers off the node (the operator and the store stand for the on-demand
+    # pool a real cluster keeps them on); cordoned, the job cannot get them back.
+    t.k("drain", "elastrain-node", "--pod-selector", WORKERS, "--ignore-daemonsets",
+        "--delete-emptydir-data", "--timeout=180s", timeout=240)
+    wait_for("the job waiting below minReplicas",
+             lambda: t.status().get("phase") == "Restarting", timeout=60)
+    stalled = t.logs.max_step()
+    time.sleep(5)
+    t.k("uncordon", "elastrain-node")
+    first = t.resumed_after(at)
+    record_recovery("7-drain-uncordon", float(first["time"]) - at, waited_s=5)
+    t.settle()
+    assert t.counters() == (before[0] + 3, before[1])
+    assert steps_lost_at(t.logs, at) == 0
+    assert first["step"] - 1 <= stalled
+
+
+def test_8_operator_killed_during_a_recovery(training: Training) -> None:
+    t = training
+    t.settle()
+    before = t.counters()
+    pod = t.worker(1)
+    at = t.evict(pod)
+    operators = t.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                         "app.kubernetes.io/name=elastrain")["items"]
+    for op in operators:
+        t.k("delete", "pod", op["metadata"]["name"], "-n", OPERATOR_NAMESPACE, "--grace-period=0",
+            "--force")
+    first = t.resumed_after(at)
+    record_recovery("8-operator-killed", float(first["time"]) - at, pod=pod)
+    t.settle()
+    assert t.counters() == (before[0] + 1, before[1])
+    assert steps_lost_at(t.logs, at) == 0

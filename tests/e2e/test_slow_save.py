@@ -1,0 +1,61 @@
+"""Scenario 4: a SIGTERM checkpoint that takes longer than 30 seconds still commits when the
+job's terminationGracePeriodSeconds allows it, and the replacement resumes from it.
+
+The object store is slowed, not the model grown: a throttling proxy on the pod bridge in front
+of MinIO passes uploads at 32 KiB/s, so even the tiny model's state (about 1.6 MB with AdamW)
+takes ~50 s to save. Periodic checkpoints are off, so the SIGTERM save is the only one.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlparse
+
+from tests.e2e.conftest import NodeCluster
+from tests.e2e.support import (
+    ARTIFACTS,
+    LogCollector,
+    first_step_after,
+    job_status,
+    make_job,
+    record_recovery,
+    steps_lost_at,
+    wait_for,
+)
+from tests.e2e.throttle import ThrottlingProxy
+
+GRACE_SECONDS = 180
+RATE = 32 * 1024
+
+
+def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeCluster,
+                                                              job_namespace: str) -> None:
+    node, ns, k = operator, job_namespace, operator.kubectl
+    minio = urlparse(node.s3.endpoint_url)
+    assert minio.hostname and minio.port
+    with ThrottlingProxy(node.node_ip, (minio.hostname, minio.port), RATE) as proxy:
+        job = make_job("slow", ns, image=node.images["trainer"], steps=100_000,
+                       s3_endpoint=proxy.endpoint, bucket=node.s3.bucket, interval_steps=0,
+                       grace_seconds=GRACE_SECONDS)
+        job["spec"]["checkpoint"]["async"] = False
+        k.apply(job)
+        workers = "elastrain.dev/job-name=slow,elastrain.dev/role=worker"
+        with LogCollector(k, ns, workers, ARTIFACTS / "slow") as logs:
+            logs.wait_for_step(10, timeout=300)
+            pod = f"slow-worker-1-{job_status(k, ns, 'slow')['slots'][1]['attempt']}"
+            at = time.time()
+            k("create", "--raw", f"/api/v1/namespaces/{ns}/pods/{pod}/eviction", "-f", "-",
+              input_text=('{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": '
+                          f'{{"name": "{pod}", "namespace": "{ns}"}}}}'))
+            saved = wait_for("the SIGTERM checkpoint committed",
+                             lambda: [r for r in logs.events("checkpoint_saved")
+                                      if float(r["time"]) > at], timeout=GRACE_SECONDS)
+            first = wait_for("a step after the resume", lambda: first_step_after(logs, at),
+                             timeout=300)
+            record_recovery("4-slow-sigterm-save", float(first["time"]) - at, pod=pod,
+                            save_seconds=saved[0]["total_s"])
+            assert saved[0]["total_s"] > 30, saved
+            assert first["step"] - 1 == saved[0]["step"]
+            assert steps_lost_at(logs, at) == 0
+            status = job_status(k, ns, "slow")
+            assert (status["preemptions"], status["restarts"]) == (1, 0)
