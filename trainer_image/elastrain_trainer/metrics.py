@@ -8,10 +8,12 @@ object-store credentials nor RBAC on the workers).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -119,6 +121,26 @@ def progress_document() -> dict[str, Any]:
                 "lastCheckpoint": _progress.last_checkpoint,
                 "resumedFromStep": _progress.resumed_from_step,
                 "trainingSince": _progress.training_since}
+
+
+# Kubernetes creates this file in every container and copies what a process wrote into it to the
+# container's terminated state when it exits: the operator reads the final progress there, since
+# a finished trainer is gone before the next /progress poll (seen on a real node: the job ended
+# Succeeded with status.lastCheckpoint one checkpoint behind the committed final one).
+TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
+
+
+def write_final_progress(path: Path = TERMINATION_LOG) -> bool:
+    """The /progress document into the termination-message file, when the file exists (only in a
+    Kubernetes container; never created elsewhere). Written on success only: on a failure the
+    log's tail must stay the message (terminationMessagePolicy FallbackToLogsOnError)."""
+    if not path.exists():
+        return False
+    try:
+        path.write_text(json.dumps(progress_document()))
+    except OSError:
+        return False
+    return True
 
 
 def _rfc3339(moment: datetime) -> str:

@@ -116,6 +116,8 @@ def run(cfg: TrainerConfig) -> int:
     if denv.is_coordinator:
         emit("finished", step=t.progress.step, loss=t.progress.last_loss,
              failed_saves=manager.failed_saves)
+    if denv.local_rank == 0:
+        metrics.write_final_progress()
     return _shutdown(0, server)
 
 

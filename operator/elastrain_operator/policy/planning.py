@@ -36,6 +36,7 @@ from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exi
 from elastrain_operator.policy.progress import (
     ProgressReport,
     derive_training_recovery,
+    final_reports,
     merge_progress,
 )
 from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
@@ -256,6 +257,14 @@ def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finis
     return None
 
 
+def _reports(observed: Observed) -> tuple[ProgressReport, ...] | None:
+    """This round's polled reports plus the final ones finished workers left; None: neither."""
+    final = final_reports(observed.workers)
+    if observed.progress is None and not final:
+        return None
+    return (*(observed.progress or ()), *final)
+
+
 def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     """Everything one reconcile should do, in the order the shell applies it."""
     old = job.status
@@ -293,12 +302,13 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
-    training = derive_training_recovery(old.last_recovery, r.acct.losses, observed.progress)
+    reports = _reports(observed)
+    training = derive_training_recovery(old.last_recovery, r.acct.losses, reports)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
                       finishing=finishing, in_backoff=in_backoff,
                       progress=merge_progress(old.progress, old.last_checkpoint,
-                                              observed.progress),
+                                              reports),
                       last_recovery=training or old.last_recovery)
     status = derive_status(job, counts, outcome, r.acct, now=now)
     events = [*r.events, *transition_events(old, status)]

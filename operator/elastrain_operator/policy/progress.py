@@ -16,6 +16,7 @@ it describes, so an operator restart does not record it again.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from elastrain_operator.model.status import (
     TrainingRecovery,
     WorkerLoss,
 )
+from elastrain_operator.policy.failures import WorkerPod
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,23 @@ def parse_progress(payload: Any) -> ProgressReport | None:
     except (KeyError, TypeError, ValueError, ValidationError):
         return None
     return ProgressReport(progress=progress, checkpoint=ckpt)
+
+
+def final_reports(workers: Sequence[WorkerPod]) -> tuple[ProgressReport, ...]:
+    """The last progress of trainers that finished: local rank 0 writes its /progress document
+    into the container's termination message on success (elastrain_trainer.metrics), because it
+    exits before the next poll could read its final checkpoint."""
+    reports = []
+    for pod in workers:
+        if pod.phase != "Succeeded" or not pod.exit_message.startswith("{"):
+            continue
+        try:
+            payload = json.loads(pod.exit_message)
+        except ValueError:
+            continue
+        if (report := parse_progress(payload)) is not None:
+            reports.append(report)
+    return tuple(reports)
 
 
 def _newer(a: CheckpointRef | None, b: CheckpointRef | None) -> CheckpointRef | None:

@@ -7,6 +7,7 @@ after any step, which is how an operator restart at any moment is simulated.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -103,7 +104,7 @@ class World:
 
     # --- what a kubelet/scheduler would do --------------------------------------------------
     def set_pod(self, name: str, phase: str, *, exit_code: int | None = None,
-                disruption: str | None = None, ready: bool = True) -> None:
+                disruption: str | None = None, ready: bool = True, message: str = "") -> None:
         status: dict[str, Any] = {"phase": phase, "podIP": "127.0.0.1", "conditions": [
             {"type": "Ready", "status": "True" if ready and phase == "Running" else "False"}]}
         if disruption:
@@ -111,7 +112,8 @@ class World:
                                          "reason": disruption})
         if exit_code is not None:
             status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
-                "exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}}]
+                "exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+                "message": message}}}]
         self.pods[name]["status"] = status
 
     def run_all(self) -> None:
@@ -287,6 +289,32 @@ def test_success_needs_every_running_worker_done() -> None:
     assert w.condition(c.SUCCEEDED)["reason"] == c.ALL_WORKERS_SUCCEEDED
     assert p.delete_pods == ("demo-worker-2-0", "demo-rdzv")  # the pending one never ran
     assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
+
+
+def test_final_checkpoint_is_read_from_the_finished_workers_termination_message() -> None:
+    """A trainer exits right after its final save, before any poll sees it: the final /progress
+    it leaves as termination message makes status.lastCheckpoint the committed final one."""
+    w = started()
+    polled = parse_progress({"step": 60, "totalSteps": 60, "lastCheckpoint": {
+        "step": 40, "uri": "s3://b/j/step-00000040", "time": "2026-01-01T00:00:00Z"}})
+    w.reconcile(T0, progress=(polled,))
+    assert w.status["lastCheckpoint"]["step"] == 40
+    final = json.dumps({"step": 60, "totalSteps": 60, "loss": 1.5, "worldSize": 2,
+                        "lastCheckpoint": {"step": 60, "uri": "s3://b/j/step-00000060",
+                                           "time": "2026-01-01T00:00:05Z"}})
+    for name in w.workers():
+        w.set_pod(name, "Succeeded", exit_code=0, message=final)
+    w.reconcile(T0 + timedelta(seconds=1))  # no poll this round: the pods are gone
+    assert w.status["phase"] == "Succeeded"
+    assert w.status["lastCheckpoint"]["step"] == 60
+    assert w.status["progress"]["step"] == 60
+
+
+def test_a_failed_workers_log_tail_is_not_read_as_progress() -> None:
+    w = started()
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1, message='{"step": 99} Traceback ...')
+    w.reconcile(T0)
+    assert "lastCheckpoint" not in w.status and "progress" not in w.status
 
 
 def test_ttl_deletes_the_finished_job() -> None:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +77,20 @@ def test_progress_document_says_when_training_resumed_once_per_start() -> None:
     metrics.record_start(total_steps=50, world_size=1, restarts=2)  # the next (re)start
     assert metrics.progress_document()["resumedFromStep"] is None
     assert metrics.progress_document()["trainingSince"] is None
+
+
+def test_final_progress_goes_to_the_termination_log_only_where_kubernetes_made_one(
+        tmp_path: Path) -> None:
+    metrics.record_start(total_steps=5, world_size=1, restarts=0)
+    metrics.record_step(step=5, loss=1.0, duration_s=0.1, tokens=10)
+    metrics.record_committed(5, "s3://b/p/step-00000005", "2024-01-01T00:00:00Z")
+    absent = tmp_path / "termination-log"
+    assert not metrics.write_final_progress(absent)
+    assert not absent.exists()  # never created outside a container
+    absent.touch()  # the kubelet creates it
+    assert metrics.write_final_progress(absent)
+    doc = json.loads(absent.read_text())
+    assert (doc["step"], doc["lastCheckpoint"]["step"]) == (5, 5)
 
 
 def test_metrics_server_serves_prometheus_and_progress() -> None:
