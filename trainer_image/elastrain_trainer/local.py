@@ -72,7 +72,8 @@ class LocalCluster:
                "PYTHONUNBUFFERED": "1"}
         port = int(self.env.get("ELASTRAIN_METRICS_PORT", "0"))
         env["ELASTRAIN_METRICS_PORT"] = str(port + len(self.agents) if port else 0)
-        cmd = [sys.executable, "-m", "torch.distributed.run",
+        # The launcher the operator gives worker pods: torchrun, restarts waiting like stops.
+        cmd = [sys.executable, "-m", "elastrain_trainer.launch",
                f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
                f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",

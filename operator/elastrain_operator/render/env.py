@@ -17,9 +17,13 @@ from typing import Any
 from elastrain_operator.model.names import store_host
 from elastrain_operator.model.spec import TrainingJobSpec
 
-DEFAULT_COMMAND = ("torchrun", "-m", "elastrain_trainer")
+# torchrun with worker-group restarts that wait as long as stops (elastrain_trainer.launch).
+DEFAULT_COMMAND = ("python", "-m", "elastrain_trainer.launch", "-m", "elastrain_trainer")
 TORCHRUN_MAX_RESTARTS = 1_000_000
 MONITOR_INTERVAL_SECONDS = 0.5
+# torchrun SIGKILLs its workers this long before the kubelet would SIGKILL the pod, so that it
+# still exits (and reports) on its own.
+SHUTDOWN_MARGIN_SECONDS = 5
 
 EnvList = list[dict[str, Any]]
 
@@ -53,6 +57,10 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "PET_RDZV_CONF": render_rendezvous_conf(spec),
         "PET_MAX_RESTARTS": str(TORCHRUN_MAX_RESTARTS),
         "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL_SECONDS),
+        # How long a SIGTERMed torchrun lets its workers save before SIGKILL (default 30 s): the
+        # pod's grace period, not torchrun's default, bounds the SIGTERM checkpoint.
+        "PET_SHUTDOWN_TIMEOUT": str(max(1, spec.termination_grace_period_seconds
+                                        - SHUTDOWN_MARGIN_SECONDS)),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
 

@@ -50,7 +50,7 @@ spec:
   containers:
   - name: trainer
     image: trainer:dev
-    command: [torchrun, -m, elastrain_trainer]
+    command: [python, -m, elastrain_trainer.launch, -m, elastrain_trainer]
     terminationMessagePolicy: FallbackToLogsOnError
     args: [--steps, "5"]
     ports: [{name: metrics, containerPort: 9400, protocol: TCP}]

@@ -31,8 +31,15 @@ def test_pet_env_points_every_worker_at_the_job_store() -> None:
                          "keep_alive_interval=1,keep_alive_max_attempt=3",
         "PET_MAX_RESTARTS": "1000000",
         "PET_MONITOR_INTERVAL": "0.5",
+        "PET_SHUTDOWN_TIMEOUT": "115",  # the default grace (120 s) minus the margin
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
+
+
+def test_torchrun_lets_the_sigterm_checkpoint_use_the_pods_grace_period() -> None:
+    env = render_worker_env(spec(terminationGracePeriodSeconds=600), namespace="n",
+                            job_uid="u", job_name="j")
+    assert {e["name"]: e.get("value") for e in env}["PET_SHUTDOWN_TIMEOUT"] == "595"
 
 
 def test_unbounded_job_uses_the_crd_bound_as_max() -> None:
@@ -94,5 +101,6 @@ def test_credentials_come_from_the_secret_and_user_env_goes_last() -> None:
 
 
 def test_default_command_runs_the_builtin_trainer_under_torchrun() -> None:
-    assert render_command(spec()) == ["torchrun", "-m", "elastrain_trainer"]
+    assert render_command(spec()) == ["python", "-m", "elastrain_trainer.launch", "-m",
+                                      "elastrain_trainer"]
     assert render_command(spec(command=["python", "train.py"])) == ["python", "train.py"]
