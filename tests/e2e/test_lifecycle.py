@@ -50,7 +50,8 @@ def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
                        and len(ips) == 3 and ips)
         for ip in ips:
             samples = scrape(f"http://{ip}:9400/metrics")
-            assert samples.get("elastrain_trainer_step", 0) >= 1, ip
+            assert samples["elastrain_trainer_steps_total"] >= 1, ip
+            assert samples["elastrain_trainer_world_size"] == 3, ip
         (op_ip,) = _running_ips(node, OPERATOR_NAMESPACE, "app.kubernetes.io/name=elastrain")
         operator_samples = scrape(f"http://{op_ip}:9090/metrics")
         wait_for("Succeeded", lambda: job_status(k, ns, "finish").get("phase") == "Succeeded",
