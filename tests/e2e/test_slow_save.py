@@ -1,9 +1,9 @@
 """Scenario 4: a SIGTERM checkpoint that takes longer than 30 seconds still commits when the
 job's terminationGracePeriodSeconds allows it, and the replacement resumes from it.
 
-The object store is slowed, not the model grown: a throttling proxy on the pod bridge in front
-of MinIO passes uploads at 32 KiB/s, so even the tiny model's state (about 1.6 MB with AdamW)
-takes ~50 s to save. Periodic checkpoints are off, so the SIGTERM save is the only one.
+The object store is slowed, not the model grown: a proxy on the pod bridge in front of MinIO
+delays every response by DELAY seconds, so the dozen requests of one save take well over 30 s.
+Periodic checkpoints are off, so the SIGTERM save is the only one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from urllib.parse import urlparse
 
 from tests.e2e.conftest import NodeCluster
+from tests.e2e.slow_store import SlowStoreProxy
 from tests.e2e.support import (
     ARTIFACTS,
     LogCollector,
@@ -22,10 +23,9 @@ from tests.e2e.support import (
     steps_lost_at,
     wait_for,
 )
-from tests.e2e.throttle import ThrottlingProxy
 
 GRACE_SECONDS = 180
-RATE = 32 * 1024
+DELAY = 4.0
 
 
 def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeCluster,
@@ -33,7 +33,7 @@ def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeClust
     node, ns, k = operator, job_namespace, operator.kubectl
     minio = urlparse(node.s3.endpoint_url)
     assert minio.hostname and minio.port
-    with ThrottlingProxy(node.node_ip, (minio.hostname, minio.port), RATE) as proxy:
+    with SlowStoreProxy(node.node_ip, (minio.hostname, minio.port), DELAY) as proxy:
         job = make_job("slow", ns, image=node.images["trainer"], steps=100_000,
                        s3_endpoint=proxy.endpoint, bucket=node.s3.bucket, interval_steps=0,
                        grace_seconds=GRACE_SECONDS)
@@ -41,7 +41,7 @@ def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeClust
         k.apply(job)
         workers = "elastrain.dev/job-name=slow,elastrain.dev/role=worker"
         with LogCollector(k, ns, workers, ARTIFACTS / "slow") as logs:
-            logs.wait_for_step(10, timeout=300)
+            logs.wait_for_step(10, timeout=400)
             pod = f"slow-worker-1-{job_status(k, ns, 'slow')['slots'][1]['attempt']}"
             at = time.time()
             k("create", "--raw", f"/api/v1/namespaces/{ns}/pods/{pod}/eviction", "-f", "-",
