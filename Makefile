@@ -44,8 +44,8 @@ test-unit: venv  ## pure tests, seconds, no servers
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv lint build-deps  ## everything CI runs: lint + the unit and integration tiers against real servers (e2e: make test-e2e)
-	$(BIN)/python -m pytest tests -q --ignore=tests/e2e $(PYTEST_ARGS)
+test: venv lint build-deps  ## everything CI runs: lint + every tier against real servers, e2e on a real node included (root)
+	$(BIN)/python -m pytest tests -q $(PYTEST_ARGS)
 
 .PHONY: test-operator
 test-operator: venv build-deps  ## operator unit + integration tests (real apiserver)
