@@ -32,6 +32,7 @@ from tests.e2e.support import (
     job_status,
     make_job,
     record_recovery,
+    scrape,
     steps_lost_at,
     wait_for,
 )
@@ -93,6 +94,17 @@ class Training:
         s = self.status()
         return int(s.get("preemptions", 0)), int(s.get("restarts", 0))
 
+    def operator_metrics(self) -> tuple[float, float, float]:
+        """(preemptions_total, restarts_total, training recoveries observed) from the operator
+        pod's /metrics; this job is the only one losing workers while the module runs."""
+        pods = self.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                           "app.kubernetes.io/name=elastrain")["items"]
+        (ip,) = [p["status"]["podIP"] for p in pods if p["status"].get("phase") == "Running"
+                 and not p["metadata"].get("deletionTimestamp")]
+        m = scrape(f"http://{ip}:9090/metrics")
+        return (m["elastrain_operator_preemptions_total"], m["elastrain_operator_restarts_total"],
+                m["elastrain_operator_training_recovery_seconds_count"])
+
 
 @pytest.fixture(scope="module")
 def training(operator: NodeCluster) -> Iterator[Training]:
@@ -118,6 +130,7 @@ def training(operator: NodeCluster) -> Iterator[Training]:
 def _preempt_and_check(t: Training, index: int, scenario: str) -> None:
     t.settle()
     before = t.counters()
+    metrics_before = t.operator_metrics()
     pod = t.worker(index)
     at = t.evict(pod)
     first = t.resumed_after(at)
@@ -129,6 +142,10 @@ def _preempt_and_check(t: Training, index: int, scenario: str) -> None:
     assert t.counters() == (before[0] + 1, before[1])
     assert steps_lost_at(t.logs, at) == 0, "the SIGTERM checkpoint lost steps"
     assert "WorkerPreempted" in event_reasons(t.k, t.ns, JOB)
+    wait_for("the recovery in the operator's metrics",
+             lambda: t.operator_metrics()[2] == metrics_before[2] + 1)
+    assert t.operator_metrics()[:2] == (metrics_before[0] + 1, metrics_before[1])
+    assert t.status()["lastRecovery"]["pod"] == pod
 
 
 def test_1_evicted_worker_resumes_from_its_sigterm_checkpoint(training: Training) -> None:
@@ -151,6 +168,7 @@ def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: Tr
     t = training
     t.settle()
     before = t.counters()
+    metrics_before = t.operator_metrics()
     pod = t.worker(2)
     at = time.time()
     os.kill(_container_pid(t, pod), signal.SIGKILL)  # no notice: the whole container dies
@@ -163,6 +181,7 @@ def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: Tr
     assert t.counters() == (before[0], before[1] + 1)
     assert steps_lost_at(t.logs, at) <= INTERVAL_STEPS
     assert "WorkerFailed" in event_reasons(t.k, t.ns, JOB)
+    assert t.operator_metrics()[:2] == (metrics_before[0], metrics_before[1] + 1)
 
 
 def _store(t: Training) -> dict[str, Any] | None:
