@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hack.debian import PackageError, ensure_packages
 from hack.images import base, pause
 from hack.images.buildah import DockerfileBuild, build_dockerfile, load_archive
-from hack.images.cache import cache_root, images_dir, locked, log, record_time, run
+from hack.images.cache import BuildError, cache_root, images_dir, locked, log, record_time, run
 from hack.images.inputs import input_hash
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,8 +102,22 @@ def _ensure(name: str, repo: Path, done: dict[str, Image]) -> Image:
     return image
 
 
+# The Debian packages each build runs (package -> program), installed when missing: a fresh
+# machine has gcc, but not buildah or debootstrap.
+BUILD_TOOLS: dict[str, dict[str, str]] = {
+    "pause": {"gcc": "gcc", "libc6-dev": "/usr/lib/x86_64-linux-gnu/libc.a"},
+    "base": {"debootstrap": "/usr/sbin/debootstrap"},
+    "operator": {"buildah": "buildah"},
+    "trainer": {"buildah": "buildah"},
+}
+
+
 def _build(plan: _Plan) -> None:
     image = plan.image
+    try:
+        ensure_packages(BUILD_TOOLS.get(image.name, {}), why=f"building the {image.name} image")
+    except PackageError as err:
+        raise BuildError(str(err)) from err
     log_file = images_dir() / "logs" / f"{image.name}-{image.input_hash[:12]}.log"
     log(f"building {image.ref} (log: {log_file})")
     start = time.monotonic()

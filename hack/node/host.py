@@ -24,6 +24,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from hack.cluster_state import ClusterError
+from hack.debian import PackageError, ensure_packages
 from hack.node.config import (
     BRIDGE,
     FIREWALL_CHAIN,
@@ -51,28 +52,12 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------------------------- prerequisites
 
 
-def missing_packages() -> list[str]:
-    return sorted(pkg for pkg, program in PACKAGES.items()
-                  if not (Path(program).exists() if program.startswith("/")
-                          else shutil.which(program)))
-
-
 def install_packages() -> None:
-    """apt-get install what is missing (as the Prometheus test does); a clear error otherwise."""
-    missing = missing_packages()
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise ClusterError(f"the real node needs Debian packages {missing}: run as root with "
-                           f"apt-get, or install them")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:  # a fresh machine may have no package lists yet
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{done.stderr[-2000:]}")
+    """The node's Debian packages, installed when missing."""
+    try:
+        ensure_packages(PACKAGES, why="the real node")
+    except PackageError as err:
+        raise ClusterError(str(err)) from err
 
 
 def check_privileges() -> None:
