@@ -90,7 +90,7 @@ def kube_request(state: State, method: str, path: str, body: object = None,
         return err.code, json.loads(err.read() or b"{}")
 
 
-def _healthz(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+def healthz(url: str, ctx: ssl.SSLContext | None = None) -> bool:
     with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
         return bool(resp.status == 200)
 
@@ -182,7 +182,7 @@ def start_etcd(state: State, binaries: Binaries, *, die_with_parent: bool) -> st
                 f"--initial-cluster=elastrain={peer}", "--unsafe-no-fsync", "--log-level=warn"]
 
     _start(state, "etcd", argv,
-           lambda: _healthz(f"http://127.0.0.1:{ports['client']}/readyz"),
+           lambda: healthz(f"http://127.0.0.1:{ports['client']}/readyz"),
            die_with_parent=die_with_parent, timeout=30)
     return f"http://127.0.0.1:{ports['client']}"
 
@@ -234,7 +234,7 @@ def start_apiserver(state: State, binaries: Binaries, etcd_url: str, *,
 
     def ready() -> bool:
         state.server = f"https://{address}:{port['secure']}"
-        return _healthz(state.server + "/readyz", _https_context(pki, "admin"))
+        return healthz(state.server + "/readyz", _https_context(pki, "admin"))
 
     _start(state, "kube-apiserver", argv, ready, die_with_parent=die_with_parent, timeout=90)
     state.kubeconfig = str(Path(state.dir) / "kubeconfig")
@@ -275,7 +275,7 @@ def start_controller_manager(state: State, binaries: Binaries, *, die_with_paren
         ]
 
     _start(state, "kube-controller-manager", argv,
-           lambda: _healthz(f"https://127.0.0.1:{port['secure']}/healthz", _insecure()),
+           lambda: healthz(f"https://127.0.0.1:{port['secure']}/healthz", _insecure()),
            die_with_parent=die_with_parent, timeout=60)
 
 
@@ -287,7 +287,7 @@ def start_scheduler(state: State, binaries: Binaries, *, die_with_parent: bool) 
         return _component_argv(state, binaries.kube_scheduler, "scheduler", port["secure"])
 
     _start(state, "kube-scheduler", argv,
-           lambda: _healthz(f"https://127.0.0.1:{port['secure']}/healthz", _insecure()),
+           lambda: healthz(f"https://127.0.0.1:{port['secure']}/healthz", _insecure()),
            die_with_parent=die_with_parent, timeout=60)
 
 
@@ -356,7 +356,7 @@ def start_minio(state: State, binaries: Binaries, *, die_with_parent: bool,
         return [str(binaries.minio), "server", "--quiet", "--address", f"{address}:{port['api']}",
                 "--console-address", f"127.0.0.1:{free_port()}", str(data)]
 
-    _start(state, "minio", argv, lambda: _healthz(state.s3_endpoint + "/minio/health/ready"),
+    _start(state, "minio", argv, lambda: healthz(state.s3_endpoint + "/minio/health/ready"),
            die_with_parent=die_with_parent, timeout=60, env=env)
     status = s3_request(state, "PUT", f"/{BUCKET}")
     if status not in (200, 409):

@@ -250,17 +250,6 @@ def remove_kubepods_cgroups() -> None:
                 path.rmdir()
 
 
-def kubepods_pids() -> set[int]:
-    """Processes still in the kubelet's cgroups (should be none after the node stopped)."""
-    pids: set[int] = set()
-    for procs in CGROUP_ROOT.glob("*/kubepods/**/cgroup.procs"):
-        try:
-            pids |= {int(x) for x in procs.read_text().split()}
-        except OSError:
-            continue
-    return pids
-
-
 def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool) -> None:
     """Everything the module docstring lists, in an order that works with processes gone."""
     remove_iptables_chains()

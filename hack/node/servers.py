@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.cluster_certs import make_node_pki, write_kubeconfig
-from hack.cluster_servers import kube_request
+from hack.cluster_servers import healthz, kube_request
 from hack.cluster_state import (
     SERVICE_CIDR,
     ClusterError,
@@ -44,8 +44,6 @@ class NodeBinaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
-    containerd: Path = Path("/usr/bin/containerd")
-    ctr: Path = Path("/usr/bin/ctr")
 
 
 def _spawn(state: State, name: str, argv: list[str], *, die_with_parent: bool) -> tuple[
@@ -54,13 +52,6 @@ def _spawn(state: State, name: str, argv: list[str], *, die_with_parent: bool) -
     state.procs.append(proc)
     state.save()
     return proc.log, popen
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=3) as resp:
-        return bool(resp.status == 200)
 
 
 # ------------------------------------------------------------------------------------- containerd
@@ -155,16 +146,16 @@ def start_kubelet(state: State, paths: NodePaths, binaries: NodeBinaries, kubeco
     resolv.write_text("# elastrain real node: pods use clusterDNS only\n")
     files = KubeletFiles(ca=pki / "ca.crt", serving_cert=pki / "kubelet-serving.crt",
                          serving_key=pki / "kubelet-serving.key", resolv_conf=resolv)
-    healthz = free_port()
+    healthz_port = free_port()
     config = paths.config_dir / "kubelet.json"
-    config.write_text(render_kubelet_config(files, healthz_port=healthz))
+    config.write_text(render_kubelet_config(files, healthz_port=healthz_port))
     paths.kubelet_root.mkdir(parents=True, exist_ok=True)
     argv = [str(binaries.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}",
             f"--root-dir={paths.kubelet_root}",
             f"--container-runtime-endpoint=unix://{paths.containerd_socket}", "--v=1"]
     log, popen = _spawn(state, "kubelet", argv, die_with_parent=die_with_parent)
-    wait_until("kubelet healthz", lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"),
+    wait_until("kubelet healthz", lambda: healthz(f"http://127.0.0.1:{healthz_port}/healthz"),
                popen, log, timeout=60)
     wait_until("node Ready", lambda: node_ready(state), popen, log, timeout=90)
 
@@ -187,14 +178,14 @@ def node_ready(state: State) -> bool:
 
 def start_kube_proxy(state: State, paths: NodePaths, binaries: NodeBinaries, kubeconfig: Path, *,
                      die_with_parent: bool) -> None:
-    healthz, metrics = free_port(), free_port()
+    healthz_port, metrics = free_port(), free_port()
     config = paths.config_dir / "kube-proxy.json"
-    config.write_text(render_kube_proxy_config(kubeconfig, healthz_port=healthz,
+    config.write_text(render_kube_proxy_config(kubeconfig, healthz_port=healthz_port,
                                                metrics_port=metrics))
     log, popen = _spawn(state, "kube-proxy", [str(binaries.kube_proxy), f"--config={config}",
                                               "--v=1"], die_with_parent=die_with_parent)
-    wait_until("kube-proxy", lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"), popen, log,
-               timeout=60)
+    wait_until("kube-proxy", lambda: healthz(f"http://127.0.0.1:{healthz_port}/healthz"),
+               popen, log, timeout=60)
 
 
 def start_coredns(state: State, paths: NodePaths, binaries: NodeBinaries, *,
@@ -205,7 +196,7 @@ def start_coredns(state: State, paths: NodePaths, binaries: NodeBinaries, *,
                                         ready_port=ready))
     log, popen = _spawn(state, "coredns", [str(binaries.coredns), "-conf", str(corefile)],
                         die_with_parent=die_with_parent)
-    wait_until("CoreDNS", lambda: _http_ok(f"http://127.0.0.1:{ready}/ready"), popen, log,
+    wait_until("CoreDNS", lambda: healthz(f"http://127.0.0.1:{ready}/ready"), popen, log,
                timeout=60)
 
 

@@ -177,6 +177,16 @@ def steps_lost_at(collector: LogCollector, since: float) -> int:
     return max(0, before - int(resumes[0]["step"])) if resumes else before
 
 
+def evict(kubectl: Kubectl, namespace: str, pod: str) -> float:
+    """Evicts a pod through the Eviction API (as a drain or a spot handler does); returns when."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace}}
+    at = time.time()
+    kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", "-f", "-",
+            input_text=json.dumps(body))
+    return at
+
+
 # ----------------------------------------------------------------------------------- counters
 
 

@@ -28,6 +28,7 @@ from tests.e2e.support import (
     Kubectl,
     LogCollector,
     event_reasons,
+    evict,
     first_step_after,
     job_status,
     make_job,
@@ -79,12 +80,7 @@ class Training:
                              for r in self.logs.events("step")), timeout=180)
 
     def evict(self, pod: str) -> float:
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod, "namespace": self.ns}}
-        at = time.time()
-        self.k("create", "--raw", f"/api/v1/namespaces/{self.ns}/pods/{pod}/eviction", "-f", "-",
-               input_text=json.dumps(body))
-        return at
+        return evict(self.k, self.ns, pod)
 
     def resumed_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
         return wait_for("a training step after the resume",

@@ -8,7 +8,6 @@ Periodic checkpoints are off, so the SIGTERM save is the only one.
 
 from __future__ import annotations
 
-import time
 from urllib.parse import urlparse
 
 from tests.e2e.conftest import NodeCluster
@@ -16,6 +15,7 @@ from tests.e2e.slow_store import SlowStoreProxy
 from tests.e2e.support import (
     ARTIFACTS,
     LogCollector,
+    evict,
     first_step_after,
     job_status,
     make_job,
@@ -43,10 +43,7 @@ def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeClust
         with LogCollector(k, ns, workers, ARTIFACTS / "slow") as logs:
             logs.wait_for_step(10, timeout=400)
             pod = f"slow-worker-1-{job_status(k, ns, 'slow')['slots'][1]['attempt']}"
-            at = time.time()
-            k("create", "--raw", f"/api/v1/namespaces/{ns}/pods/{pod}/eviction", "-f", "-",
-              input_text=('{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": '
-                          f'{{"name": "{pod}", "namespace": "{ns}"}}}}'))
+            at = evict(k, ns, pod)
             saved = wait_for("the SIGTERM checkpoint committed",
                              lambda: [r for r in logs.events("checkpoint_saved")
                                       if float(r["time"]) > at], timeout=GRACE_SECONDS)
