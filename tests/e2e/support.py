@@ -170,9 +170,14 @@ def first_step_after(collector: LogCollector, since: float) -> dict[str, Any] | 
 
 
 def steps_lost_at(collector: LogCollector, since: float) -> int:
-    """Steps trained before `since` that the resume after it trained again."""
-    before = max((int(r["step"]) for r in collector.events("step")
-                  if float(r["time"]) <= since), default=0)
+    """Steps trained before `since` that the resume after it trained again.
+
+    "Before" is the last step logged before `since` (events() is in time order), not the
+    highest: after an earlier fault that lost steps (a SIGKILL), the group retrains them, so
+    the highest step ever logged can be ahead of where training stood when this fault came.
+    """
+    earlier = [int(r["step"]) for r in collector.events("step") if float(r["time"]) <= since]
+    before = earlier[-1] if earlier else 0
     resumes = [r for r in collector.events("resumed") if float(r["time"]) > since]
     return max(0, before - int(resumes[0]["step"])) if resumes else before
 
