@@ -55,6 +55,9 @@ class _Progress:
     last_checkpoint: dict[str, Any] | None = None
     resumed_from_step: int | None = None  # None: this start began from scratch
     training_since: str | None = None  # RFC3339; when this start's first step completed
+    # The operator's hang watchdog: no step since max(startedAt, lastStepTime) for too long.
+    started_at: str | None = None  # RFC3339; when this process (worker group start) began
+    last_step_time: str | None = None  # RFC3339; when the latest step completed
 
 
 _progress = _Progress()
@@ -66,6 +69,7 @@ def record_start(total_steps: int, world_size: int, restarts: int) -> None:
     with _lock:
         _progress.total_steps, _progress.world_size = total_steps, world_size
         _progress.resumed_from_step = _progress.training_since = None
+        _progress.started_at = _rfc3339(datetime.now(UTC))
     WORLD_SIZE.set(world_size)
     if restarts:
         RESTARTS.inc(restarts)
@@ -78,9 +82,10 @@ def record_step(step: int, loss: float, duration_s: float, tokens: int) -> None:
     LOSS.set(loss)
     with _lock:
         _progress.step, _progress.loss = step, loss
+        _progress.last_step_time = _rfc3339(datetime.now(UTC))
         if _progress.training_since is None:
             # The operator measures a loss's recovery up to here: training really runs again.
-            _progress.training_since = _rfc3339(datetime.now(UTC))
+            _progress.training_since = _progress.last_step_time
 
 
 def record_resumed(step: int) -> None:
@@ -120,7 +125,9 @@ def progress_document() -> dict[str, Any]:
                 "worldSize": _progress.world_size,
                 "lastCheckpoint": _progress.last_checkpoint,
                 "resumedFromStep": _progress.resumed_from_step,
-                "trainingSince": _progress.training_since}
+                "trainingSince": _progress.training_since,
+                "startedAt": _progress.started_at,
+                "lastStepTime": _progress.last_step_time}
 
 
 # Kubernetes creates this file in every container and copies what a process wrote into it to the

@@ -13,6 +13,8 @@ SUCCEEDED: Final = "Succeeded"        # every worker's trainer finished (termina
 FAILED: Final = "Failed"              # the job gave up (terminal)
 VALID: Final = "Valid"                # the spec passed the checks CEL cannot express
 ALL_WORKERS_RUNNING: Final = "AllWorkersRunning"  # every desired worker runs (none pending)
+CHECKPOINTS_FAILING: Final = "CheckpointsFailing"  # the trainers' latest checkpoint saves failed
+HUNG: Final = "Hung"                  # no training step completed for spec.hangTimeoutSeconds
 
 # --- reasons ---------------------------------------------------------------------------------
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
@@ -40,3 +42,8 @@ NOT_SUSPENDED: Final = "NotSuspended"                  # spec.suspend is false
 NOT_RESTARTING: Final = "NotRestarting"                # no worker is being replaced
 JOB_TERMINATED: Final = "JobTerminated"                # the job finished; no worker is kept
 CREATE_FAILED: Final = "CreateFailed"                  # the apiserver refused a child object
+CHECKPOINT_SAVE_FAILED: Final = "CheckpointSaveFailed"  # consecutive checkpoint saves failed
+CHECKPOINTS_HEALTHY: Final = "CheckpointsHealthy"      # the latest checkpoint save committed
+NO_TRAINING_PROGRESS: Final = "NoTrainingProgress"     # no step for spec.hangTimeoutSeconds
+TRAINING_PROGRESSING: Final = "TrainingProgressing"    # steps complete (or the watchdog is off)
+WORKER_CRASHED: Final = "WorkerCrashed"                # the trainer raised (the job's own error)

@@ -244,6 +244,11 @@ class TrainingJobSpec(ApiModel):
     metrics_port: int = Field(
         default=9400, ge=0, le=65535,
         description="Port of the trainer's /metrics and /progress; 0 turns progress polling off.")
+    hang_timeout_seconds: int = Field(
+        default=1800, ge=0, le=604_800,
+        description="A job whose workers complete no training step for this long is hung: "
+                    "told in a Hung condition and event, and its workers restarted as one "
+                    "counted failure. 0 turns the watchdog off. Needs metricsPort.")
     suspend: bool = False
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=31_536_000)
     active_deadline_seconds: int | None = Field(default=None, ge=1, le=31_536_000)

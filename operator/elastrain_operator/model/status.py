@@ -51,6 +51,8 @@ class Progress(ApiModel):
         default=None, ge=0, description="The step the trainers' latest resume loaded.")
     training_since: AwareDatetime | None = Field(
         default=None, description="When the first step after the trainers' latest start ended.")
+    last_step_time: AwareDatetime | None = Field(
+        default=None, description="When the latest training step ended (trainer's clock).")
 
 
 class WorkerSlot(ApiModel):

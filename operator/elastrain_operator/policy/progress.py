@@ -3,8 +3,8 @@
 Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.metricsPort with
 `{"step": int, "totalSteps": int, "loss": float|null, "worldSize": int,
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
-"resumedFromStep": int|null, "trainingSince": RFC3339|null}` (the last two are newer: older
-trainers leave them out). The operator polls its Ready workers from its timer (short timeout,
+"resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
+"lastStepTime": RFC3339|null}` (the last four are newer: older trainers leave them out). The operator polls its Ready workers from its timer (short timeout,
 failures ignored) and keeps the largest step. So the operator needs no object-store credentials
 and the workers need no RBAC.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,6 +37,7 @@ from elastrain_operator.policy.failures import WorkerPod
 class ProgressReport:
     progress: Progress
     checkpoint: CheckpointRef | None = None
+    started_at: datetime | None = None  # when this trainer process (worker group start) began
 
 
 def parse_progress(payload: Any) -> ProgressReport | None:
@@ -46,12 +48,22 @@ def parse_progress(payload: Any) -> ProgressReport | None:
         progress = Progress(step=payload["step"], total_steps=payload.get("totalSteps", 0),
                             loss=payload.get("loss"), world_size=payload.get("worldSize"),
                             resumed_from_step=payload.get("resumedFromStep"),
-                            training_since=payload.get("trainingSince"))
+                            training_since=payload.get("trainingSince"),
+                            last_step_time=payload.get("lastStepTime"))
         ckpt_raw = payload.get("lastCheckpoint")
         ckpt = CheckpointRef.model_validate(ckpt_raw) if ckpt_raw else None
+        started = payload.get("startedAt")
+        started_at = _aware(started) if started else None
     except (KeyError, TypeError, ValueError, ValidationError):
         return None
-    return ProgressReport(progress=progress, checkpoint=ckpt)
+    return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at)
+
+
+def _aware(text: str) -> datetime:
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone")
+    return parsed
 
 
 def final_reports(workers: Sequence[WorkerPod]) -> tuple[ProgressReport, ...]:

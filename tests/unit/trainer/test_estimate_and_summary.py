@@ -53,6 +53,8 @@ def test_progress_document_has_the_operator_fields() -> None:
     metrics.record_committed(2, "s3://b/p/step-00000002", "2024-01-01T00:00:00Z")
     doc = metrics.progress_document()
     training_since = doc.pop("trainingSince")
+    started_at, last_step = doc.pop("startedAt"), doc.pop("lastStepTime")
+    assert started_at <= last_step == training_since
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
                                       "time": "2024-01-01T00:00:00Z"},
@@ -105,6 +107,6 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         assert "elastrain_trainer_checkpoint_save_duration_seconds_bucket" in text
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
-                            "resumedFromStep", "trainingSince"}
+                            "resumedFromStep", "trainingSince", "startedAt", "lastStepTime"}
     finally:
         server.shutdown()
