@@ -49,7 +49,13 @@ def format_errors(err: ValidationError) -> str:
 
 
 def validate(text: str, origin: str) -> int:
+    from elastrain_operator.policy.validation import validate as crd_rules_on_children
+
     job = parse_job(text, origin)
+    # The CEL rules the model does not mirror (metadata.name, nprocPerNode "auto").
+    if problems := crd_rules_on_children(job):
+        listed = "\n".join(f"  {p}" for p in problems)
+        raise UserError(f"{origin}: invalid TrainingJob:\n{listed}")
     print(f"{origin}: TrainingJob {job.metadata.name} is valid")
     return 0
 

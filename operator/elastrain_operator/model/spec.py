@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from elastrain_operator.model.base import ApiModel, cel, immutable, k8s
+from elastrain_operator.model.names import MAX_JOB_NAME_LENGTH
 from elastrain_operator.model.status import TrainingJobStatus
 
 API_GROUP = "elastrain.dev"
@@ -32,6 +33,24 @@ CHECKPOINT_URI_MESSAGE = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] o
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
             r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+# Messages of rules the operator re-checks at reconcile time (policy.validation), so the two agree.
+NAME_LENGTH_MESSAGE = (f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: "
+                       "worker hostnames are <name>-worker-<index> (at most 63)")
+NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no dots: "
+                          "it names the job's Services")
+NPROC_AUTO_MESSAGE = ("spec.nprocPerNode \"auto\" needs a GPU in spec.resources "
+                      "(e.g. limits nvidia.com/gpu); set an integer for CPU workers")
+
+# Rules on metadata.name live at the CRD's root, the one place CEL can see it. The apiserver
+# already holds a custom resource's name to a DNS subdomain (lowercase alphanumerics, '-' and '.',
+# alphanumeric at both ends); a Service name must also be a DNS-1035 label.
+ROOT_RULES = k8s(
+    cel(f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}", NAME_LENGTH_MESSAGE,
+        field_path=".metadata.name"),
+    cel("self.metadata.name.matches('^[a-z][^.]*$')", NAME_DNS_LABEL_MESSAGE,
+        field_path=".metadata.name"),
+)
 
 ArgStr = Annotated[str, Field(max_length=4096)]
 LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
@@ -182,6 +201,12 @@ class RestartPolicy(ApiModel):
     max_backoff_seconds: int = Field(default=300, ge=0, le=86_400)
 
 
+def _gpu_in(resources: str) -> str:
+    """CEL: spec.resources.<resources> names a GPU (nvidia.com/gpu, amd.com/gpu, ...)."""
+    return (f"(has(self.resources.{resources}) && "
+            f"self.resources.{resources}.exists(k, k.endsWith('/gpu')))")
+
+
 _SPEC_RULES = k8s(
     cel("self.minReplicas <= self.replicas",
         "spec.replicas must be >= spec.minReplicas", field_path=".replicas"),
@@ -201,6 +226,9 @@ _SPEC_RULES = k8s(
         field_path=".trainer.globalBatchSize"),
     cel("!has(self.command) || size(self.command) > 0",
         "spec.command must not be empty when set", field_path=".command"),
+    cel("type(self.nprocPerNode) != string || self.nprocPerNode != 'auto' || "
+        f"{_gpu_in('limits')} || {_gpu_in('requests')}",
+        NPROC_AUTO_MESSAGE, field_path=".nprocPerNode"),
 )
 
 

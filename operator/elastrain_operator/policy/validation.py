@@ -1,10 +1,24 @@
-"""Checks CEL cannot express: they need other objects or names the CRD cannot see.
+"""The spec checks the operator makes at reconcile time; the CRD refuses the rest at admission.
+
+Every rule the apiserver can check on the TrainingJob alone is a CEL rule or schema bound in the
+CRD (model/spec.py), so `kubectl apply` refuses it with a message naming the field, e.g. a
+metadata.name too long for `<name>-worker-<index>` hostnames. What is left here, and why it stays:
+
+- `validate`: the CRD's rules that would otherwise break the job's children (metadata.name's
+  length and DNS-1035 shape, nprocPerNode "auto" without a GPU), checked again with the CRD's
+  own messages. A CRD update does not re-validate stored objects (and Helm never upgrades
+  `crds/`), so a job admitted by an older CRD still gets InvalidSpec instead of children the
+  apiserver refuses one by one. (Every other CEL rule is mirrored by the pydantic model, whose
+  refusal reconcile reports as InvalidSpec too.)
+- Services with a child's name not owned by the job (`plan`, "exists and is not owned by this
+  TrainingJob"): they are other objects, which CEL cannot read, and can appear after admission.
+- `pod_config_problems`: what only the kubelet can see (a missing credentials or image pull
+  Secret, an image that cannot be pulled). A Secret may be created after the job, and the
+  operator has no access to Secrets, so these are read from the worker pods' waiting reasons;
+  once the Secret appears the kubelet proceeds and the condition clears.
 
 A problem here is reported as Valid=False/InvalidSpec, never raised, so it cannot put the
-operator in a crash loop. Problems of the spec alone block new pods. Problems only the kubelet
-can see (a missing credentials or image pull Secret, an image that cannot be pulled) are read
-from the worker pods' waiting reasons instead of reading Secrets: the operator needs no access to
-Secrets, and once the Secret appears the kubelet proceeds and the condition clears.
+operator in a crash loop. Problems of the spec alone block new pods.
 """
 
 from __future__ import annotations
@@ -13,7 +27,12 @@ import re
 from collections.abc import Iterable
 
 from elastrain_operator.model.names import MAX_JOB_NAME_LENGTH
-from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.spec import (
+    NAME_DNS_LABEL_MESSAGE,
+    NAME_LENGTH_MESSAGE,
+    NPROC_AUTO_MESSAGE,
+    TrainingJob,
+)
 from elastrain_operator.policy.failures import WorkerPod
 
 # Container waiting reasons that mean the spec, not the platform, is wrong.
@@ -30,17 +49,15 @@ def _has_accelerator(job: TrainingJob) -> bool:
 
 
 def validate(job: TrainingJob) -> list[str]:
-    """Every problem of the spec, each message naming the field it is about."""
+    """The CRD's child-breaking rules again, for jobs an older CRD admitted; see above."""
     problems: list[str] = []
     name = job.metadata.name
     if len(name) > MAX_JOB_NAME_LENGTH:
-        problems.append(f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: "
-                        "worker hostnames are <name>-worker-<index>")
+        problems.append(NAME_LENGTH_MESSAGE)
     if not _DNS_1035.match(name):
-        problems.append("metadata.name must start with a letter: it names the job's Services")
+        problems.append(NAME_DNS_LABEL_MESSAGE)
     if job.spec.nproc_per_node == "auto" and not _has_accelerator(job):
-        problems.append("spec.nprocPerNode \"auto\" needs a GPU in spec.resources "
-                        "(e.g. limits nvidia.com/gpu); set an integer for CPU workers")
+        problems.append(NPROC_AUTO_MESSAGE)
     return problems
 
 

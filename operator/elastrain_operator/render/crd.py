@@ -19,6 +19,7 @@ from elastrain_operator.model.spec import (
     CATEGORIES,
     KIND,
     PLURAL,
+    ROOT_RULES,
     SHORT_NAMES,
     SINGULAR,
     TrainingJobSpec,
@@ -126,10 +127,12 @@ def build_crd() -> Schema:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declared so that the root's CEL rules may name metadata.name as their fieldPath.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec,
             "status": status,
         },
+        **ROOT_RULES,
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

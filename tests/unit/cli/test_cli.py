@@ -34,6 +34,16 @@ def test_validate_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert expected in capsys.readouterr().err
 
 
+def test_validate_applies_the_crds_rules_on_the_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from elastrain_operator.model.spec import NAME_DNS_LABEL_MESSAGE, NAME_LENGTH_MESSAGE
+
+    path = write(tmp_path, make_job_manifest("9" + "x" * 60))
+    assert main(["validate", path]) == 2
+    assert capsys.readouterr().err == (f"elastrain: {path}: invalid TrainingJob:\n"
+                                       f"  {NAME_LENGTH_MESSAGE}\n  {NAME_DNS_LABEL_MESSAGE}\n")
+
+
 def test_validate_refuses_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", write(tmp_path, {"kind": "Pod"})]) == 2
     assert "expected exactly one manifest of kind TrainingJob, found 0" in capsys.readouterr().err

@@ -47,7 +47,10 @@ def test_every_cel_rule_names_a_field() -> None:
     rules = [r for _, node in _walk(schema) for r in node.get("x-kubernetes-validations", [])]
     assert len(rules) >= 10
     for rule in rules:
-        assert rule["message"].startswith("spec."), rule
+        assert rule["message"].startswith(("spec.", "metadata.name ")), rule
+    root = schema["x-kubernetes-validations"]
+    assert {r["fieldPath"] for r in root} == {".metadata.name"}
+    assert all(r["message"].startswith("metadata.name ") for r in root)
 
 
 def test_subresources_and_columns() -> None:

@@ -8,12 +8,19 @@ from typing import Any
 import pytest
 
 from elastrain_operator.model import conditions as c
-from elastrain_operator.model.spec import RestartPolicy, TrainingJob
+from elastrain_operator.model.spec import (
+    NAME_DNS_LABEL_MESSAGE,
+    NAME_LENGTH_MESSAGE,
+    NPROC_AUTO_MESSAGE,
+    RestartPolicy,
+    TrainingJob,
+)
 from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.restarts import backoff_seconds, backoff_until, exhausted_budget
 from elastrain_operator.policy.status import make_condition, set_condition, transition_events
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
 from elastrain_operator.policy.validation import validate
+from elastrain_operator.render.crd import build_crd
 from tests.unit.operator.test_planning import T0, started
 
 
@@ -61,13 +68,19 @@ def test_ttl_counts_from_completion_of_a_finished_job() -> None:
     assert not ttl_expired(job(done), T0 + timedelta(days=999))
 
 
-def test_validation_names_the_field() -> None:
+def test_validation_repeats_the_crds_rules_with_their_messages() -> None:
     assert validate(job(nprocPerNode="auto", resources={"limits": {"nvidia.com/gpu": 1}})) == []
+    assert validate(job(nprocPerNode="auto", resources={"requests": {"amd.com/gpu": 1}})) == []
     bad = TrainingJob.model_validate({"metadata": {"name": "9" + "x" * 60},
-                                      "spec": {"image": "i"}})
+                                      "spec": {"image": "i", "nprocPerNode": "auto"}})
     problems = validate(bad)
-    assert any("metadata.name must be at most" in p for p in problems)
-    assert any("must start with a letter" in p for p in problems)
+    assert problems == [NAME_LENGTH_MESSAGE, NAME_DNS_LABEL_MESSAGE, NPROC_AUTO_MESSAGE]
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = [*schema["x-kubernetes-validations"],
+             *schema["properties"]["spec"]["x-kubernetes-validations"]]
+    assert set(problems) <= {r["message"] for r in rules}
+    dotted = TrainingJob.model_validate({"metadata": {"name": "a.b"}, "spec": {"image": "i"}})
+    assert validate(dotted) == [NAME_DNS_LABEL_MESSAGE]
 
 
 def test_condition_keeps_transition_time_while_status_is_unchanged() -> None:
