@@ -8,7 +8,8 @@ Nothing here is autouse: a unit test that asks for none of these fixtures never 
 - `kube_namespace`: a fresh namespace per test, deleted afterwards.
 
 Missing binaries are built with hack/build-all.sh (minutes when cold, see hack/README.md) unless
-ELASTRAIN_SKIP_BUILD=1, which skips the tests instead. ELASTRAIN_KUBECONFIG and
+ELASTRAIN_SKIP_BUILD=1, which skips the tests instead. With CI=true no test may skip: tests/ci.py's
+hooks, registered here, turn every skip into a failure with its reason. ELASTRAIN_KUBECONFIG and
 ELASTRAIN_S3_ENDPOINT (with ELASTRAIN_S3_ACCESS_KEY/_SECRET_KEY) reuse running servers, e.g. the
 ones `eval "$(python3 hack/cluster.py up)"` started.
 """
@@ -30,6 +31,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.ci import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,8 @@
 """Helpers shared by the chart tests: find helm, render the chart, pick objects out of it.
 
 helm comes from ~/.cache/elastrain/helm-<version>/helm (hack/get-helm.sh puts it there; it is run
-when no binary is cached). Tests skip only when neither works, with the reason.
+when no binary is cached). Tests skip only when neither works, with the reason (with CI=true
+that skip fails the test, see tests/ci.py).
 """
 
 from __future__ import annotations
