@@ -79,11 +79,14 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
     """Run the job's trainer with torchrun agents on this machine (elastic, c10d, gloo)."""
     from elastrain_operator.render.env import render_trainer_env
     from elastrain_trainer.local import run_local as start_local
+    from elastrain_trainer.supervise import RestartBudget
 
     job = parse_job(text, origin)
     spec = job.spec
     out_dir = Path(out or f"runs/{job.metadata.name}").absolute()
     env = render_trainer_env(spec, job.metadata.name)
+    # spec.env as the pods get it (valueFrom needs a cluster: secrets and fields stay unset).
+    env.update({e.name: e.value for e in spec.env if e.value is not None})
     env["ELASTRAIN_METRICS_PORT"] = "0"  # several agents share this host: no fixed port
     uri = checkpoint_uri or (spec.checkpoint.uri if spec.checkpoint else None)
     env["ELASTRAIN_CHECKPOINT_URI"] = _absolute_file_uri(uri or f"file://{out_dir}/checkpoints")
@@ -96,9 +99,15 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
           f"{spec.effective_max_replicas}), {spec.strategy}, {spec.trainer.model}, "
           f"{spec.trainer.steps} steps; checkpoints -> {env['ELASTRAIN_CHECKPOINT_URI']}",
           flush=True)
+    policy = spec.restart_policy
+    budget = RestartBudget(max_restarts=policy.max_restarts,
+                           backoff_seconds=policy.backoff_seconds,
+                           max_backoff_seconds=policy.max_backoff_seconds)
     result = start_local(env, count, spec.min_replicas, spec.effective_max_replicas, out_dir,
-                         simulate_preemption=simulate_preemption)
+                         simulate_preemption=simulate_preemption, budget=budget)
     summary = result.summary
+    if result.outcome is not None and result.outcome.failed:
+        print(f"elastrain: Failed (MaxRestartsExceeded): {result.outcome.failed}", flush=True)
     print(f"elastrain: finished={summary.finished} step={summary.final_step}/"
           f"{spec.trainer.steps} loss={summary.final_loss} resumes={summary.resumes} "
           f"steps_lost={summary.steps_lost} world_sizes={summary.world_sizes} "

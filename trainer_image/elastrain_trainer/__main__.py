@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 from elastrain_trainer.config import TrainerConfig
 
@@ -36,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    from elastrain_trainer.faults import guard_main
+
+    # A lost peer exits EXIT_RESTART (restart in place, uncounted); a crash exits 1 with its
+    # error recorded for the launcher, which counts it (elastrain_trainer.launch).
+    code = guard_main(main)
     sys.stdout.flush()
     sys.stderr.flush()
     # A background upload blocked on a dead peer must not keep a failed worker alive:

@@ -11,14 +11,40 @@ worker groups for the next rendezvous through `LocalElasticAgent._stop_workers`,
 collective DCP save), so on a real node a save longer than 30 s was SIGKILLed on the survivors and
 never committed. Here `_stop_workers` honours the same shutdown timeout.
 
-If a torch release changes these internals, the patch is skipped with a warning and the launcher
-behaves exactly like torchrun.
+Second change: a worker's own crash stops this node instead of restarting it in place.
+torchrun restarts a failed worker group in place up to --max-restarts, whatever the cause. The
+operator sets that very high, because a peer lost to preemption also fails the survivors'
+collectives and they must restart to re-rendezvous; but then a trainer that raises at step N
+crashes there forever while the pod stays Running and restartPolicy.maxRestarts never applies.
+So the agent here classifies each failed worker (elastrain_trainer.faults): a lost peer or a stop
+restarts in place as before, uncounted; a crash ends the agent with exit code 1 and a one-line
+reason in the pod's termination message (ELASTRAIN_TERMINATION_LOG, default
+/dev/termination-log) that the operator counts against maxRestarts, with its backoff, and quotes
+in its events and its MaxRestartsExceeded condition. The crashed agent leaves the rendezvous
+open: torchrun would close it for the whole rendezvous id on the way out, and the replacement
+worker (same id) could never join; the survivors carry on above minReplicas or wait for it.
+
+If a torch release changes these internals, the patches are skipped with a warning and the
+launcher behaves exactly like torchrun.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from pathlib import Path
 from typing import Any
+
+from elastrain_trainer.faults import crash_reason, is_crash
+
+TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
+# What torch puts in a failure's message when the worker left no error file.
+_NO_ERROR_FILE = "To enable traceback see"
+
+
+class WorkerCrashed(Exception):
+    """A worker of this node crashed on its own; the message is the one-line reason."""
 
 
 def patch_restart_timeout() -> bool:
@@ -43,14 +69,73 @@ def patch_restart_timeout() -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> None:
-    if not patch_restart_timeout():
+def failure_message(failure: Any) -> str:
+    """The error-file message of a torchelastic ProcessFailure ("" when it left none)."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    message = str(message or "")
+    return "" if message.startswith(_NO_ERROR_FILE) else message
+
+
+def crash_of(failures: dict[int, Any]) -> str | None:
+    """The reason of the first failed rank whose end is a crash of its own; None if none is."""
+    for rank, failure in sorted(failures.items()):
+        message = failure_message(failure)
+        if is_crash(int(failure.exitcode), message):
+            return crash_reason(int(failure.exitcode), message, rank)
+    return None
+
+
+def patch_crash_budget() -> bool:
+    """Make torchrun's agent stop the node on a crash (see the module docstring)."""
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.launcher import api as launcher_api
+
+    base = getattr(launcher_api, "LocalElasticAgent", None)
+    if base is None or not hasattr(base, "_monitor_workers"):
+        return False
+    if getattr(base, "_elastrain", False):
+        return True
+    failed = {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}
+
+    class ElastrainAgent(base):  # type: ignore[misc, valid-type]
+        _elastrain = True
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.state in failed and (reason := crash_of(result.failures or {})):
+                # launch_agent shuts the rendezvous down on any exception but a signal.
+                worker_group.spec.rdzv_handler.shutdown = lambda: False
+                raise WorkerCrashed(reason)
+            return result
+
+    launcher_api.LocalElasticAgent = ElastrainAgent  # type: ignore[attr-defined]
+    return True
+
+
+def report_crash(reason: str, path: Path = TERMINATION_LOG) -> None:
+    """Say why on stderr and, in a container, in its termination message."""
+    print(reason, file=sys.stderr, flush=True)
+    if path.exists():
+        with contextlib.suppress(OSError):
+            path.write_text(reason + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    patched = patch_restart_timeout() and patch_crash_budget()
+    if not patched:
         print("elastrain launch: torch's elastic agent changed; running plain torchrun",
               file=sys.stderr)
     from torch.distributed.run import main as torchrun
 
-    torchrun(argv)
+    try:
+        torchrun(argv)
+    except WorkerCrashed as crash:
+        report_crash(str(crash))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

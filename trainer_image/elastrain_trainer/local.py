@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastrain_trainer.events import parse_line
 from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_summary
@@ -27,6 +27,9 @@ from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_su
 RDZV_CONF = ("is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,"
              "keep_alive_max_attempt=3")
 Record = dict[str, Any]
+
+if TYPE_CHECKING:
+    from elastrain_trainer.supervise import Outcome, RestartBudget
 
 
 @dataclass
@@ -50,6 +53,7 @@ class LocalCluster:
     on_record: Callable[[str, Record], None] | None = None
     records: list[tuple[str, Record]] = field(default_factory=list)
     agents: list[Agent] = field(default_factory=list)
+    preempted: list[Agent] = field(default_factory=list)
     _store: subprocess.Popen[bytes] | None = None
     _port: int = 0
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -57,13 +61,26 @@ class LocalCluster:
     def start(self, workers: int) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._port = free_port()
+        self.ensure_store()
+        for _ in range(workers):
+            self.add_agent()
+
+    @property
+    def store(self) -> subprocess.Popen[bytes] | None:
+        return self._store
+
+    def store_alive(self) -> bool:
+        return self._store is not None and self._store.poll() is None
+
+    def ensure_store(self) -> None:
+        """Start the rendezvous store (again, on the same port) unless it runs."""
+        if self.store_alive():
+            return
         self._store = subprocess.Popen(
             [sys.executable, "-m", "elastrain_trainer.rdzv_store", "--host", "127.0.0.1",
              "--port", str(self._port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _wait_for_port(self._port, timeout=60)
-        for _ in range(workers):
-            self.add_agent()
 
     def add_agent(self) -> Agent:
         name = f"agent-{len(self.agents)}"
@@ -117,10 +134,13 @@ class LocalCluster:
 
     def preempt(self, agent: Agent) -> None:
         """Spot-style notice: SIGTERM the agent, which SIGTERMs its worker."""
+        self.preempted.append(agent)
         agent.proc.send_signal(signal.SIGTERM)
 
     def kill(self, agent: Agent) -> None:
         """No notice: SIGKILL the worker(s) and the agent together (a lost node)."""
+        if agent.proc.poll() is None:
+            self.preempted.append(agent)
         for pid in [*descendants(agent.proc.pid), agent.proc.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -152,17 +172,25 @@ class LocalRunResult:
     summary: RunSummary
     plot_path: Path | None
     out_dir: Path
+    outcome: Outcome | None = None
 
     @property
     def ok(self) -> bool:
-        return self.summary.finished and all(c is not None for c in self.exit_codes.values())
+        return (self.summary.finished and all(c is not None for c in self.exit_codes.values())
+                and (self.outcome is None or self.outcome.failed is None))
 
 
 def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: int,
               out_dir: str | os.PathLike[str], *, simulate_preemption: bool = False,
               preempt_at_step: int | None = None, timeout: float = 3600,
-              on_record: Callable[[str, Record], None] | None = None) -> LocalRunResult:
-    """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement."""
+              on_record: Callable[[str, Record], None] | None = None,
+              budget: RestartBudget | None = None) -> LocalRunResult:
+    """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement.
+
+    Crashes are counted against `budget` (spec.restartPolicy) and replaced after its backoff;
+    a lost rendezvous store is restarted (elastrain_trainer.supervise)."""
+    from elastrain_trainer.supervise import RestartBudget, Supervisor
+
     out = Path(out_dir)
     env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
     cluster = LocalCluster(env, min_nodes, max_nodes, out,
@@ -179,13 +207,15 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
                       f"{cluster.max_step()} and starting a replacement", flush=True)
                 cluster.preempt(cluster.agents[-1])
                 cluster.add_agent()
-        codes = cluster.wait_agents(timeout=max(1.0, timeout - (time.monotonic() - started)))
+        supervisor = Supervisor(cluster, budget or RestartBudget())
+        outcome = supervisor.run(timeout=max(1.0, timeout - (time.monotonic() - started)))
+        codes = outcome.exit_codes
     finally:
         cluster.stop()
     summary = summarize([r for _, r in cluster.records], wall_s=time.monotonic() - started)
     plot = plot_loss([r for _, r in cluster.records], out / "loss.png")
     write_summary(summary, codes, out)
-    return LocalRunResult(codes, summary, plot, out)
+    return LocalRunResult(codes, summary, plot, out, outcome)
 
 
 def print_record(agent: str, r: Record) -> None:

@@ -12,7 +12,8 @@
   the job's rendezvous store (its log, kept as the termination message, ends in
   RendezvousConnectionError): the store pod was deleted or its node lost, and every agent exits
   with it; the trainers have saved on the agent's SIGTERM, so this is the platform's loss too.
-- Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...).
+- Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...);
+  among them the launcher's "worker crashed" exits, which quote the trainer's exception.
 - Succeeded: the pod Succeeded (torchrun exited 0: its whole worker group finished).
 - Running / Pending: still going, or not started yet (`unschedulable` says why it waits).
 """
@@ -35,6 +36,9 @@ DISRUPTION_REASONS = frozenset({
 # What torchrun's c10d rendezvous raises when the job's store stops answering (seen on a real node
 # when the store pod was deleted: every agent exits 1 with it, from its keep-alive or its poll).
 RENDEZVOUS_LOST = "RendezvousConnectionError"
+# How the trainer's launcher starts the line that says why a worker crashed (the trainer's own
+# exception): a crash counts against maxRestarts and its reason is quoted in events and status.
+CRASH_PREFIX = "elastrain: worker crashed: "
 
 
 class Exit(StrEnum):
@@ -150,4 +154,17 @@ def describe_exit(pod: WorkerPod) -> str:
     parts = [f"exit code {pod.exit_code}" if pod.exit_code is not None else "no exit code"]
     if pod.exit_reason:
         parts.append(pod.exit_reason)
+    if crash := crash_reason(pod.exit_message):
+        parts.append(crash)
     return ", ".join(parts)
+
+
+def crash_reason(message: str, limit: int = 200) -> str:
+    """The launcher's one-line reason for a crash of the trainer's own ("" if none): it ends
+    the pod with `elastrain: worker crashed: rank R, exit code C: <exception>` in its
+    termination message (elastrain_trainer.launch)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip().startswith(CRASH_PREFIX)]
+    if not lines:
+        return ""
+    reason = lines[-1].removeprefix(CRASH_PREFIX)
+    return reason if len(reason) <= limit else reason[:limit - 3] + "..."

@@ -243,8 +243,10 @@ def _is_finishing(r: _Round, observed: Observed, desired: int) -> bool:
 
 def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
                      now: datetime) -> tuple[Phase, str, str] | None:
+    failed = [loss for loss in r.acct.losses if loss.kind == "Failed"]
+    last = f"{failed[-1].pod}: {failed[-1].reason}" if failed else ""
     spent = exhausted_budget(job.spec.restart_policy, restarts=r.acct.restarts,
-                             preemptions=r.acct.preemptions)
+                             preemptions=r.acct.preemptions, last_failure=last)
     if spent is not None:
         return "Failed", *spent
     if not job.spec.suspend and deadline_exceeded(job, now):

@@ -29,13 +29,14 @@ def backoff_until(policy: RestartPolicy, restarts: int, now: datetime) -> dateti
     return now + timedelta(seconds=delay) if delay else None
 
 
-def exhausted_budget(policy: RestartPolicy, *, restarts: int,
-                     preemptions: int) -> tuple[str, str] | None:
-    """(reason, message) when a budget is spent, else None."""
+def exhausted_budget(policy: RestartPolicy, *, restarts: int, preemptions: int,
+                     last_failure: str = "") -> tuple[str, str] | None:
+    """(reason, message) when a budget is spent, else None; last_failure (why the newest
+    failed worker failed, e.g. the trainer's exception) ends the MaxRestartsExceeded message."""
     if restarts > policy.max_restarts:
         return (c.MAX_RESTARTS_EXCEEDED,
                 f"{restarts} worker failures exceed spec.restartPolicy.maxRestarts "
-                f"({policy.max_restarts})")
+                f"({policy.max_restarts})" + (f"; last: {last_failure}" if last_failure else ""))
     if policy.max_preemptions is not None and preemptions > policy.max_preemptions:
         return (c.MAX_PREEMPTIONS_EXCEEDED,
                 f"{preemptions} preemptions exceed spec.restartPolicy.maxPreemptions "

@@ -114,9 +114,10 @@ class Cluster:
                 self.run(name)
 
     def exit(self, name: str, code: int, *, reason: str = "Error",
-             disruption: str | None = None) -> None:
+             disruption: str | None = None, message: str = "") -> None:
         status: Manifest = {"phase": "Succeeded" if code == 0 and not disruption else "Failed",
-                            "containerStatuses": [_container(exit_code=code, reason=reason)],
+                            "containerStatuses": [_container(exit_code=code, reason=reason,
+                                                             message=message)],
                             "conditions": [{"type": "Ready", "status": "False"}]}
         if disruption:
             status["conditions"].append({"type": "DisruptionTarget", "status": "True",
@@ -139,9 +140,10 @@ class Cluster:
 
 
 def _container(*, running: bool = False, exit_code: int | None = None,
-               reason: str = "") -> Manifest:
+               reason: str = "", message: str = "") -> Manifest:
     state: Manifest = ({"running": {"startedAt": "2026-01-01T00:00:00Z"}} if running else
                        {"terminated": {"exitCode": exit_code, "reason": reason,
+                                       "message": message,
                                        "startedAt": "2026-01-01T00:00:00Z",
                                        "finishedAt": "2026-01-01T00:00:01Z"}})
     return {"name": "trainer", "image": "trainer:dev", "imageID": "", "ready": running,

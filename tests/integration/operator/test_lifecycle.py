@@ -121,6 +121,38 @@ def test_failures_back_off_then_exhaust_the_budget(cluster: Cluster, operator: O
     assert cluster.pods()["demo-worker-1-0"]["metadata"].get("finalizers") in (None, [])
 
 
+CRASH = ("elastrain: worker crashed: rank 1, exit code 1: InjectedCrash: injected crash at "
+         "step 10 on rank 1 (ELASTRAIN_FAULT_CRASH_AT_STEP)")
+
+
+def test_a_trainer_crash_is_counted_and_quoted_and_lost_peers_are_not(
+        cluster: Cluster, operator: Operator) -> None:
+    """The launcher ends a crashed worker's pod with its reason in the termination message
+    (elastrain_trainer.launch): each crash spends the budget, a preemption meanwhile does not,
+    and the job fails quoting the trainer's exception."""
+    cluster.create_job(replicas=2, restartPolicy={"maxRestarts": 1, "backoffSeconds": 0})
+    running(cluster, ["demo-worker-0-0", "demo-worker-1-0"])
+    cluster.exit("demo-worker-1-0", 1, message=f"Traceback (most recent call last):\n{CRASH}\n")
+    wait_for("crash counted", lambda: cluster.status().get("restarts") == 1)
+    failed = wait_for("WorkerFailed event", lambda: cluster.events("WorkerFailed"))
+    assert "InjectedCrash: injected crash at step 10" in failed[0]["message"]
+    cluster.wait_workers(["demo-worker-0-0", "demo-worker-1-1"])
+    cluster.run_all()
+    cluster.exit("demo-worker-0-0", 143, disruption="PreemptionByScheduler")
+    wait_for("preemption counted", lambda: cluster.status().get("preemptions") == 1)
+    assert cluster.status()["restarts"] == 1
+    cluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"])
+    cluster.run_all()
+    cluster.exit("demo-worker-1-1", 1, message=CRASH)
+    wait_for("job failed", lambda: cluster.status().get("phase") == "Failed")
+    status = cluster.status()
+    assert (status["restarts"], status["preemptions"]) == (2, 1)
+    message = cluster.condition("Failed")["message"]
+    assert message.startswith("2 worker failures exceed spec.restartPolicy.maxRestarts (1); "
+                              "last: demo-worker-1-1: exit code 1, Error, rank 1, exit code 1: "
+                              "InjectedCrash: injected crash at step 10"), message
+
+
 def test_scale_subresource_and_pending_workers(cluster: Cluster, operator: Operator) -> None:
     # The fake node has 64 CPUs: three 30-CPU workers cannot all be scheduled.
     cluster.create_job(replicas=1, resources={"requests": {"cpu": "30"}})

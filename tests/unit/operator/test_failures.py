@@ -121,3 +121,17 @@ def test_read_worker_pod_fields() -> None:
     assert pod is not None
     assert (pod.index, pod.attempt, pod.has_finalizer) == (2, 5, True)
     assert pod.unschedulable == "0/1 nodes"
+
+
+def test_a_crash_reason_from_the_launcher_is_quoted_and_kept_short() -> None:
+    crash = ("elastrain: worker crashed: rank 3, exit code 1: AssertionError: loss is nan "
+             + "x" * 300)
+    pod = read_worker_pod(make_pod(phase="Failed", exit_code=1, exit_reason="Error",
+                                   message=f"Traceback...\n{crash}\n"), WORKER_FINALIZER)
+    assert pod is not None and classify_pod_exit(pod) is Exit.FAILED
+    why = describe_exit(pod)
+    assert why.startswith("exit code 1, Error, rank 3, exit code 1: AssertionError: loss is nan")
+    assert len(why) <= 256 and why.endswith("...")  # fits status.recentLosses[].reason
+    plain = read_worker_pod(make_pod(phase="Failed", exit_code=1, exit_reason="Error",
+                                     message="Traceback...\nKeyError: 'x'"), WORKER_FINALIZER)
+    assert plain is not None and describe_exit(plain) == "exit code 1, Error"
