@@ -44,6 +44,13 @@ LOSS = Gauge(_P + "loss", "Loss of the last step (mean over ranks)", registry=RE
 # A timestamp rather than an age: Prometheus computes the age (time() - ...) at query time.
 LAST_CHECKPOINT_TIME = Gauge(_P + "last_checkpoint_timestamp_seconds",
                              "Unix time of the newest committed checkpoint", registry=REGISTRY)
+# kind is one of checkpoint.diagnose.KINDS (bounded).
+CHECKPOINT_FAILURES = Counter(_P + "checkpoint_failures",
+                              "Checkpoint saves and start-up checks of the location that failed",
+                              ["kind"], registry=REGISTRY)
+CONSECUTIVE_FAILURES = Gauge(_P + "checkpoint_consecutive_failures",
+                             "Checkpoint saves (or start-up checks) that failed since the last "
+                             "one that succeeded", registry=REGISTRY)
 
 
 @dataclass
@@ -58,10 +65,16 @@ class _Progress:
     # The operator's hang watchdog: no step since max(startedAt, lastStepTime) for too long.
     started_at: str | None = None  # RFC3339; when this process (worker group start) began
     last_step_time: str | None = None  # RFC3339; when the latest step completed
+    # Checkpoint health (None: nothing saved or checked yet in this process).
+    checkpoint_failures: int | None = None  # consecutive: reset by a commit or a passed check
+    checkpoint_error: str | None = None  # the latest failure's diagnosis (kept after recovery)
+    checkpoint_failed_at: str | None = None  # RFC3339
 
 
 _progress = _Progress()
 _lock = threading.Lock()
+_read = threading.Condition(_lock)  # notified whenever /progress is served
+_reads = 0
 
 
 def record_start(total_steps: int, world_size: int, restarts: int) -> None:
@@ -109,6 +122,35 @@ def record_checkpoint_written_bytes(n: int) -> None:
     WRITTEN_BYTES.inc(n)
 
 
+def record_checkpoint_failed(kind: str, error: str) -> None:
+    """A save, or the start-up check of the checkpoint location, failed."""
+    CHECKPOINT_FAILURES.labels(kind=kind).inc()
+    with _lock:
+        _progress.checkpoint_failures = (_progress.checkpoint_failures or 0) + 1
+        _progress.checkpoint_error = error
+        _progress.checkpoint_failed_at = _rfc3339(datetime.now(UTC))
+        CONSECUTIVE_FAILURES.set(_progress.checkpoint_failures)
+
+
+def record_checkpoint_healthy() -> None:
+    """A save committed, or the start-up check passed: the failure streak is over."""
+    with _lock:
+        _progress.checkpoint_failures = 0
+    CONSECUTIVE_FAILURES.set(0)
+
+
+def progress_reads() -> int:
+    """How many /progress documents were served so far."""
+    with _lock:
+        return _reads
+
+
+def wait_for_progress_read(after: int, timeout: float) -> bool:
+    """Block until a /progress document was served since progress_reads() returned `after`."""
+    with _read:
+        return _read.wait_for(lambda: _reads > after, timeout)
+
+
 def record_committed(step: int, uri: str, time_rfc3339: str) -> None:
     with _lock:
         _progress.last_checkpoint = {"step": step, "uri": uri, "time": time_rfc3339}
@@ -119,15 +161,34 @@ def record_committed(step: int, uri: str, time_rfc3339: str) -> None:
 def progress_document() -> dict[str, Any]:
     """The /progress JSON (field names are the operator's contract)."""
     with _lock:
-        loss = _progress.loss
-        return {"step": _progress.step, "totalSteps": _progress.total_steps,
-                "loss": loss if loss is None or loss == loss else None,  # NaN is not JSON
-                "worldSize": _progress.world_size,
-                "lastCheckpoint": _progress.last_checkpoint,
-                "resumedFromStep": _progress.resumed_from_step,
-                "trainingSince": _progress.training_since,
-                "startedAt": _progress.started_at,
-                "lastStepTime": _progress.last_step_time}
+        return _document()
+
+
+def _served_progress_document() -> dict[str, Any]:
+    global _reads
+    with _read:
+        _reads += 1
+        _read.notify_all()
+        return _document()
+
+
+def _document() -> dict[str, Any]:
+    """The /progress document; the caller holds _lock."""
+    loss = _progress.loss
+    health = None
+    if _progress.checkpoint_failures is not None:
+        health = {"consecutiveFailures": _progress.checkpoint_failures,
+                  "lastError": _progress.checkpoint_error,
+                  "lastFailureTime": _progress.checkpoint_failed_at}
+    return {"step": _progress.step, "totalSteps": _progress.total_steps,
+            "loss": loss if loss is None or loss == loss else None,  # NaN is not JSON
+            "worldSize": _progress.world_size,
+            "lastCheckpoint": _progress.last_checkpoint,
+            "resumedFromStep": _progress.resumed_from_step,
+            "trainingSince": _progress.training_since,
+            "startedAt": _progress.started_at,
+            "lastStepTime": _progress.last_step_time,
+            "checkpointHealth": health}
 
 
 # Kubernetes creates this file in every container and copies what a process wrote into it to the
@@ -159,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif self.path == "/progress":
-            body, ctype = json.dumps(progress_document()).encode(), "application/json"
+            body, ctype = json.dumps(_served_progress_document()).encode(), "application/json"
         else:
             self.send_error(404)
             return

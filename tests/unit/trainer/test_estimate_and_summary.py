@@ -54,6 +54,7 @@ def test_progress_document_has_the_operator_fields() -> None:
     doc = metrics.progress_document()
     training_since = doc.pop("trainingSince")
     started_at, last_step = doc.pop("startedAt"), doc.pop("lastStepTime")
+    doc.pop("checkpointHealth")  # set by the checkpoint tests; see test_checkpoint_*.py
     assert started_at <= last_step == training_since
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
@@ -107,6 +108,7 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         assert "elastrain_trainer_checkpoint_save_duration_seconds_bucket" in text
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
-                            "resumedFromStep", "trainingSince", "startedAt", "lastStepTime"}
+                            "resumedFromStep", "trainingSince", "startedAt", "lastStepTime",
+                            "checkpointHealth"}
     finally:
         server.shutdown()

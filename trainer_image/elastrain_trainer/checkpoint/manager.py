@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from elastrain_trainer import metrics
 from elastrain_trainer.checkpoint import manifest as mf
 from elastrain_trainer.checkpoint.dcp_io import CheckpointReader, CheckpointWriter
+from elastrain_trainer.checkpoint.diagnose import diagnose
 from elastrain_trainer.checkpoint.storage import CheckpointStorage, join, open_storage
 from elastrain_trainer.events import emit
 
@@ -130,10 +131,14 @@ class CheckpointManager:
         total = time.monotonic() - started
         if error is not None:
             self.failed_saves += 1
-            emit("checkpoint_failed", step=step, error=_short(error),
+            problem = diagnose(self.storage, _root_cause(error), action="save",
+                               key=mf.step_dir(step))
+            metrics.record_checkpoint_failed(problem.kind, problem.message)
+            emit("checkpoint_failed", step=step, error=_short(error), kind=problem.kind,
                  note="training continues; the next checkpoint retries")
             return
         metrics.record_checkpoint_save(total)
+        metrics.record_checkpoint_healthy()
         emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4),
              total_s=round(total, 4), uri=join(self.storage.uri, mf.step_dir(step)))
         if self.last_committed is None or self.last_committed.step < step:
@@ -233,6 +238,13 @@ def _read_committed(storage: CheckpointStorage,
         return f"not committed or incomplete: {e}"
     except (mf.CorruptCheckpointError, ValueError, KeyError) as e:
         return f"corrupt: {e}"
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's wrapper."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return error.failures[min(error.failures)][0]
+    return error
 
 
 def _short(error: BaseException) -> str:

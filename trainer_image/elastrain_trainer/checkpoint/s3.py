@@ -16,7 +16,24 @@ from typing import IO, Any, cast
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import (
+    ClientError,
+    ConnectionError,
+    CredentialRetrievalError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from elastrain_trainer.checkpoint.diagnose import (
+    ACCESS_DENIED,
+    CREDENTIALS,
+    NO_BUCKET,
+    OTHER,
+    STORE_ERROR,
+    UNREACHABLE,
+    Explanation,
+)
 
 MIB = 1 << 20
 TRANSFER = TransferConfig(multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB,
@@ -124,3 +141,102 @@ class S3Storage:
 def _is_not_found(e: ClientError) -> bool:
     code = str(e.response.get("Error", {}).get("Code", ""))
     return code in ("404", "NoSuchKey", "NotFound")
+
+
+# --- what an error means (checkpoint.diagnose) ------------------------------------------------
+# Codes by which the store answered and refused. Waiting cannot fix them: a pod's credentials
+# come from its environment, fixed when its container started.
+_REFUSED = {
+    "InvalidAccessKeyId": (CREDENTIALS, "the store does not know the access key"),
+    "SignatureDoesNotMatch": (CREDENTIALS, "the secret access key does not match the access key"),
+    "InvalidToken": (CREDENTIALS, "the session token is invalid"),
+    "ExpiredToken": (CREDENTIALS, "the session token expired"),
+    "AuthorizationHeaderMalformed": (CREDENTIALS, "the request was signed for another region "
+                                                  "than the bucket's (spec.checkpoint.region)"),
+    "AccessDenied": (ACCESS_DENIED, "the credentials may not do this: grant {permission} on "
+                                    "the bucket and prefix"),
+    "AllAccessDisabled": (ACCESS_DENIED, "all access to the bucket is disabled"),
+    "NoSuchBucket": (NO_BUCKET, "bucket {bucket!r} does not exist at this endpoint"),
+    "InvalidBucketName": (NO_BUCKET, "{bucket!r} is not a valid bucket name"),
+    "PermanentRedirect": (NO_BUCKET, "bucket {bucket!r} is in another region or at another "
+                                     "endpoint"),
+}
+# The store's own trouble, which it may recover from (any 5xx as well).
+_TROUBLE = {"SlowDown": "the store throttles requests", "RequestTimeout": "the store timed out",
+            "XMinioStorageFull": "the store is out of space",
+            "XMinioServerNotInitialized": "the store is still starting"}
+_PERMISSIONS = {"list": "s3:ListBucket", "write": "s3:PutObject", "read": "s3:GetObject",
+                "delete": "s3:DeleteObject",
+                "save": "s3:PutObject, s3:GetObject, s3:ListBucket and s3:DeleteObject"}
+# botocore's names of where credentials came from (Credentials.method).
+_SOURCES = {
+    "env": "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+           "(spec.checkpoint.credentialsSecret)",
+    "shared-credentials-file": "the shared credentials file",
+    "config-file": "the AWS config file",
+    "explicit": "explicit keys",
+    "assume-role-with-web-identity": "a web identity token (IRSA: AWS_ROLE_ARN, "
+                                     "AWS_WEB_IDENTITY_TOKEN_FILE)",
+    "container-role": "the container credentials endpoint (EKS Pod Identity)",
+    "iam-role": "instance metadata (the node's IAM role)",
+}
+_STATIC = frozenset({"env", "shared-credentials-file", "config-file", "explicit"})
+
+
+def explain(storage: S3Storage, error: BaseException, action: str) -> Explanation:
+    """What `error`, raised by `action` on this storage, means (see checkpoint.diagnose)."""
+    if isinstance(error, ClientError):
+        return _explain_response(storage, error, action)
+    if isinstance(error, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
+        return Explanation(CREDENTIALS, True, f"{type(error).__name__}: {error}")
+    if isinstance(error, ConnectionError | HTTPClientError):
+        # Our own words: the raw text of a reset connection reads like a lost training peer.
+        return Explanation(UNREACHABLE, False,
+                           f"{type(error).__name__}: no answer from the endpoint")
+    return Explanation(OTHER, False, f"{type(error).__name__}: {error}")
+
+
+def _explain_response(storage: S3Storage, error: ClientError, action: str) -> Explanation:
+    info = error.response.get("Error", {})
+    code = str(info.get("Code", ""))
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    said = f"{code}: {info.get('Message') or error}"
+    if code in _REFUSED:
+        kind, hint = _REFUSED[code]
+        return Explanation(kind, True, code + ": " + hint.format(
+            bucket=storage.bucket, permission=_PERMISSIONS.get(action, "access")))
+    if code in _TROUBLE or status >= 500:
+        return Explanation(STORE_ERROR, False, f"{_TROUBLE.get(code, 'the store failed')} "
+                                               f"({said})")
+    if status == 403:
+        return Explanation(ACCESS_DENIED, True, f"access denied ({said}): grant "
+                                                f"{_PERMISSIONS.get(action, 'access')}")
+    return Explanation(OTHER, True, said)
+
+
+def describe_access(storage: S3Storage) -> str:
+    """Endpoint and credential source, for messages (never the secret)."""
+    endpoint = storage.client.meta.endpoint_url
+    creds = _credentials(storage.client)
+    if creds is None:
+        who = ("no credentials found (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the "
+               "shared credentials file, a web identity token and instance metadata)")
+    else:
+        method = str(getattr(creds, "method", "") or "unknown")
+        source = _SOURCES.get(method, method)
+        who = (f"access key {_masked_key(storage.client)} from {source}" if method in _STATIC
+               else f"credentials from {source}")
+    return f"endpoint {endpoint}, {who}"
+
+
+def _credentials(client: Any) -> Any:
+    # The client's own resolved credentials (botocore keeps them on its request signer).
+    return getattr(getattr(client, "_request_signer", None), "_credentials", None)
+
+
+def _masked_key(client: Any) -> str:
+    creds = _credentials(client)
+    if creds is None or getattr(creds, "method", "") not in _STATIC:
+        return "(temporary)"
+    key = str(getattr(creds, "access_key", "") or "")
+    return "****" + key[-4:] if len(key) > 8 else "****"
