@@ -56,6 +56,9 @@ class TrainerConfig:
     checkpoint_interval_seconds: int = 0
     checkpoint_keep: int = 3
     checkpoint_async: bool = True
+    # How long the start-up check waits for an unreachable checkpoint store before it gives up
+    # (checkpoint/precheck.py); a store that refuses (bad credentials, no bucket) fails at once.
+    checkpoint_wait_seconds: int = 600
     metrics_port: int = 9400
     # Not part of the operator contract: pacing for demos and tests (seconds slept per step).
     step_sleep_seconds: float = 0.0
@@ -75,7 +78,8 @@ class TrainerConfig:
                      "checkpoint_keep"):
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("warmup_steps", "checkpoint_interval_steps", "checkpoint_interval_seconds",
-                     "max_grad_norm", "spike_factor", "weight_decay", "step_sleep_seconds"):
+                     "checkpoint_wait_seconds", "max_grad_norm", "spike_factor", "weight_decay",
+                     "step_sleep_seconds"):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
         _check("lr", self.lr > 0, "must be > 0")
         _check("min_lr", 0 <= self.min_lr <= self.lr, "must be between 0 and ELASTRAIN_LR")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from elastrain_trainer import metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
+from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import Dataset, build_dataset, make_batch, micro_batch_indices
 from elastrain_trainer.estimate import available_host_bytes, check_fits, estimate
@@ -70,6 +71,7 @@ def run(cfg: TrainerConfig) -> int:
     check_memory(cfg, denv)
     metrics.record_start(cfg.steps, world, denv.restart_count)
     server = _serve_metrics(cfg, denv)
+    ensure_checkpoint_location(cfg, denv.local_rank, control_pg, serving=server is not None)
     stop = StopAgreement().install()
 
     t = build_objects(cfg, denv)
