@@ -2,8 +2,8 @@
 
 Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
 Shows each worker slot with its pod, phase, node and attempt, the rendezvous store, the
-trainer's progress and last checkpoint, both budgets, the recent counted losses and how long
-training took to run again after the newest of them.
+trainer's progress, last checkpoint and checkpoint health, both budgets, the recent counted
+losses and how long training took to run again after the newest of them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from elastrain_operator.model.names import LABEL_ROLE, ROLE_STORE, ROLE_WORKER, WORKER_FINALIZER
 from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.status import CheckpointHealth
 from elastrain_operator.policy.failures import classify_pod_exit, describe_exit, read_worker_pod
 
 Manifest = dict[str, Any]
@@ -42,12 +43,25 @@ def _header(job: TrainingJob) -> list[str]:
         when = s.last_checkpoint.time.isoformat() if s.last_checkpoint.time else "unknown time"
         lines.append(f"Last checkpoint: step {s.last_checkpoint.step} "
                      f"{s.last_checkpoint.uri} ({when})")
+    if s.progress is not None and s.progress.checkpoint_health is not None:
+        lines.append(_checkpoint_health(s.progress.checkpoint_health))
     budgets = (f"Restarts {_budget(s.restarts, spec.restart_policy.max_restarts)}, "
                f"preemptions {_budget(s.preemptions, spec.restart_policy.max_preemptions)}")
     if s.restart_backoff_until is not None:
         budgets += f", next failed-worker replacement after {s.restart_backoff_until.isoformat()}"
     lines.append(budgets)
     return lines
+
+
+def _checkpoint_health(health: CheckpointHealth) -> str:
+    when = (f" at {health.last_failure_time.isoformat()}" if health.last_failure_time
+            else "")
+    if health.consecutive_failures:
+        return (f"Checkpoint saves: FAILING, {health.consecutive_failures} in a row, the latest"
+                f"{when}: {health.last_error}")
+    if health.last_error:
+        return f"Checkpoint saves: healthy (the last failure{when}: {health.last_error})"
+    return "Checkpoint saves: healthy"
 
 
 def _workers(pods: Sequence[Manifest]) -> list[str]:
@@ -104,7 +118,7 @@ def _problems(job: TrainingJob) -> list[str]:
     """Conditions that say something is wrong (kubectl shows them, but buried in YAML)."""
     bad = [c for c in job.status.conditions
            if (c.type == "Valid" and c.status == "False")
-           or (c.type in ("Failed", "Restarting") and c.status == "True")
+           or (c.type in ("Failed", "Restarting", "CheckpointsFailing") and c.status == "True")
            or (c.type == "AllWorkersRunning" and c.status == "False"
                and c.reason not in ("JobSuspended", "JobTerminated"))]
     return [f"{c.type}={c.status} {c.reason}: {c.message}" for c in bad]

@@ -76,10 +76,11 @@ def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
     print("\n".join(wide))
     row = wide[1].split()
     assert "<none>" not in row, wide
-    # NAME PHASE WORKERS STEP LAST-CHECKPOINT RESTARTS PREEMPTIONS AGE STRATEGY MIN MAX LOSS ...
+    # NAME PHASE WORKERS STEP LAST-CHECKPOINT RESTARTS PREEMPTIONS FAILED-SAVES AGE STRATEGY MIN
+    # MAX LOSS ...
     assert row[1] == "Succeeded" and row[3] == str(steps) and row[4] == str(steps), wide
-    assert row[5:7] == ["0", "0"] and row[8:11] == ["ddp", "2", "3"], wide
-    float(row[11])  # the last loss
+    assert row[5:8] == ["0", "0", "0"] and row[9:12] == ["ddp", "2", "3"], wide
+    float(row[12])  # the last loss
 
 
 TRAIN_PY = '''\

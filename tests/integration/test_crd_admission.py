@@ -320,13 +320,14 @@ def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
     api.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "cols", {
         "status": {"phase": "Running", "workers": "2/2", "replicas": 2, "readyReplicas": 2,
                    "selector": "elastrain.dev/job-name=cols", "restarts": 1, "preemptions": 3,
-                   "progress": {"step": 42, "totalSteps": 100, "loss": 2.5},
+                   "progress": {"step": 42, "totalSteps": 100, "loss": 2.5,
+                                "checkpointHealth": {"consecutiveFailures": 2}},
                    "lastCheckpoint": {"step": 40, "uri": "s3://b/p/step-40"}}})
 
     out = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace).stdout.splitlines()
     assert out[0].split() == ["NAME", "PHASE", "WORKERS", "STEP", "LAST", "CHECKPOINT",
-                              "RESTARTS", "PREEMPTIONS", "AGE"]
-    assert out[1].split()[:7] == ["cols", "Running", "2/2", "42", "40", "1", "3"]
+                              "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE"]
+    assert out[1].split()[:8] == ["cols", "Running", "2/2", "42", "40", "1", "3", "2"]
     wide = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace, "-o", "wide").stdout
     assert "STRATEGY" in wide and "2.5" in wide
     assert "cols" in kubectl(crd, "get", "elastrain", "-n", kube_namespace).stdout

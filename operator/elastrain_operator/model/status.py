@@ -40,6 +40,18 @@ class CheckpointRef(ApiModel):
     time: datetime | None = None
 
 
+class CheckpointHealth(ApiModel):
+    """How the trainers' checkpoint saves are going (reported in /progress)."""
+
+    consecutive_failures: int = Field(
+        default=0, ge=0, description="Checkpoint saves (or start-up checks of the location) that "
+                                     "failed since the last one that succeeded.")
+    last_error: str = Field(default="", max_length=1024,
+                            description="What the latest failure was, where and with which "
+                                        "credentials (kept after a recovery).")
+    last_failure_time: AwareDatetime | None = None
+
+
 class Progress(ApiModel):
     """Training progress reported by the trainer."""
 
@@ -53,6 +65,8 @@ class Progress(ApiModel):
         default=None, description="When the first step after the trainers' latest start ended.")
     last_step_time: AwareDatetime | None = Field(
         default=None, description="When the latest training step ended (trainer's clock).")
+    checkpoint_health: CheckpointHealth | None = Field(
+        default=None, description="Checkpoint saves as the trainers see them (policy/checkpoints).")
 
 
 class WorkerSlot(ApiModel):

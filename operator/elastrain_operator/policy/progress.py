@@ -12,6 +12,9 @@ Training recovery: trainingSince is when the first step after the worker group's
 (re)start ended. The first report whose trainingSince is later than the newest counted loss
 closes that loss's recovery (status.lastRecovery), exactly once: status remembers which loss
 it describes, so an operator restart does not record it again.
+
+Checkpoint health: the newer `checkpointHealth` field is parsed by policy.checkpoints, which
+also documents it and derives the CheckpointsFailing condition from it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from elastrain_operator.model.status import (
     TrainingRecovery,
     WorkerLoss,
 )
+from elastrain_operator.policy.checkpoints import parse_checkpoint_health
 from elastrain_operator.policy.failures import WorkerPod
 
 
@@ -49,7 +53,9 @@ def parse_progress(payload: Any) -> ProgressReport | None:
                             loss=payload.get("loss"), world_size=payload.get("worldSize"),
                             resumed_from_step=payload.get("resumedFromStep"),
                             training_since=payload.get("trainingSince"),
-                            last_step_time=payload.get("lastStepTime"))
+                            last_step_time=payload.get("lastStepTime"),
+                            checkpoint_health=parse_checkpoint_health(
+                                payload.get("checkpointHealth")))
         ckpt_raw = payload.get("lastCheckpoint")
         ckpt = CheckpointRef.model_validate(ckpt_raw) if ckpt_raw else None
         started = payload.get("startedAt")

@@ -27,15 +27,16 @@ from elastrain_operator.model.status import (
     WorkerLoss,
     WorkerSlot,
 )
+from elastrain_operator.policy.checkpoints import checkpoints_condition
 
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Condition types whose changes are announced as events, in a stable order.
 ANNOUNCED = (c.VALID, c.CREATED, c.SUSPENDED, c.RUNNING, c.RESTARTING, c.ALL_WORKERS_RUNNING,
-             c.SUCCEEDED, c.FAILED)
+             c.SUCCEEDED, c.FAILED, c.CHECKPOINTS_FAILING)
 WARNING_REASONS = frozenset({
     c.INVALID_SPEC, c.BELOW_MIN_REPLICAS, c.WORKER_PREEMPTED, c.WORKER_FAILED, c.BACKOFF,
     c.WORKERS_PENDING, c.MAX_RESTARTS_EXCEEDED, c.MAX_PREEMPTIONS_EXCEEDED, c.DEADLINE_EXCEEDED,
-    c.CREATE_FAILED,
+    c.CREATE_FAILED, c.CHECKPOINT_SAVE_FAILED,
 })
 
 
@@ -193,6 +194,8 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
     if outcome.terminal is not None:
         kind = c.SUCCEEDED if outcome.terminal[0] == "Succeeded" else c.FAILED
         put(kind, (True, outcome.terminal[1], outcome.terminal[2]))
+    if (checkpoints := checkpoints_condition(*outcome.progress)) is not None:
+        put(c.CHECKPOINTS_FAILING, checkpoints)
     return conds
 
 
