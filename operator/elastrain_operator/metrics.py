@@ -39,6 +39,8 @@ _restarts = Counter(f"{PREFIX}restarts", "Worker failures counted against maxRes
                     registry=REGISTRY)
 _preemptions = Counter(f"{PREFIX}preemptions", "Workers lost to preemption or disruption",
                        registry=REGISTRY)
+_hangs = Counter(f"{PREFIX}hangs", "Jobs restarted by the progress watchdog "
+                 "(no step for spec.hangTimeoutSeconds)", registry=REGISTRY)
 _recovery = Histogram(f"{PREFIX}recovery_seconds", "From a worker's loss to full size again",
                       buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
                       registry=REGISTRY)
@@ -64,6 +66,10 @@ def record_reconcile(result: str, seconds: float) -> None:
 def record_workers_created(count: int) -> None:
     if count:
         _created.inc(count)
+
+
+def record_hang() -> None:
+    _hangs.inc()
 
 
 def record_losses(*, restarts: int, preemptions: int) -> None:

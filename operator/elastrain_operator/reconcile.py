@@ -106,6 +106,8 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     post_events(kube, raw, events, now)
     metrics.record_workers_created(applied.workers_created)
     metrics.record_losses(restarts=p.counted_restarts, preemptions=p.counted_preemptions)
+    if p.hung:
+        metrics.record_hang()
     if p.recovered_after_seconds is not None:
         metrics.record_recovery(p.recovered_after_seconds)
     if p.training_recovery is not None:

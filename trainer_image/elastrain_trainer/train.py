@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastrain_trainer import metrics
+from elastrain_trainer import fault_injection, metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
 from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
 from elastrain_trainer.config import TrainerConfig
@@ -84,12 +84,14 @@ def run(cfg: TrainerConfig) -> int:
     wandb_run = _maybe_wandb(cfg, denv)
 
     train_seconds, last_save = 0.0, time.monotonic()
+    start_step = t.progress.step  # 0 unless this worker group resumed a checkpoint
     while t.progress.step < cfg.steps:
         t0 = time.monotonic()
         result = train_step(t, cfg, denv, dataset, accum)
         duration = time.monotonic() - t0
         train_seconds += duration
         _log_step(t, cfg, denv, result, duration, wandb_run)
+        fault_injection.after_step(t.progress.step, denv.rank, fresh=start_step == 0)
         metrics.record_goodput(train_seconds / (time.monotonic() - started))
         if cfg.step_sleep_seconds:
             time.sleep(cfg.step_sleep_seconds)

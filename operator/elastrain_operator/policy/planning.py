@@ -3,6 +3,8 @@
 Reads as the steps of one reconcile, each a pure function of its inputs and `now`:
 1. account: count each lost worker once (slot attempts, see WorkerSlot), retire slots that a
    scale-down or a suspend no longer wants;
+   a job that completed no step for spec.hangTimeoutSeconds restarts its workers as one counted
+   failure (policy.hang);
 2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
 3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
@@ -33,6 +35,7 @@ from elastrain_operator.model.status import (
     WorkerSlot,
 )
 from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit, describe_exit
+from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import (
     ProgressReport,
     derive_training_recovery,
@@ -47,6 +50,9 @@ from elastrain_operator.policy.status import (
     Outcome,
     WorkerCounts,
     derive_status,
+    find_condition,
+    make_condition,
+    set_condition,
     transition_events,
 )
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
@@ -88,6 +94,7 @@ class Plan:
     counted_preemptions: int = 0
     recovered_after_seconds: float | None = None
     training_recovery: TrainingRecovery | None = None  # recorded this round (status.lastRecovery)
+    hung: bool = False  # the progress watchdog restarted the workers this round
 
 
 @dataclass
@@ -288,6 +295,10 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     if not terminal_already:
         _account(r, job, observed, desired=desired, counting=not (finishing or blocking),
                  now=now)
+    reports = _reports(observed)
+    hung = None
+    if old.phase == "Running" and not (terminal_already or finishing or blocking):
+        hung = _restart_if_hung(r, job, observed, reports, desired=desired, now=now)
     counts = _counts(job, r, observed, desired)
     terminal = None if terminal_already else _decide_terminal(job, r, counts,
                                                               finishing=finishing, now=now)
@@ -304,7 +315,6 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
-    reports = _reports(observed)
     training = derive_training_recovery(old.last_recovery, r.acct.losses, reports)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
@@ -312,8 +322,12 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
                       progress=merge_progress(old.progress, old.last_checkpoint,
                                               reports),
                       last_recovery=training or old.last_recovery)
-    status = derive_status(job, counts, outcome, r.acct, now=now)
+    status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
+                             reports, now)
     events = [*r.events, *transition_events(old, status)]
+    if (was := find_condition(old.conditions, c.HUNG)) and was.status == "True" and (
+            now_hung := find_condition(status.conditions, c.HUNG)) and now_hung.status == "False":
+        events.append(EventSpec("Normal", c.TRAINING_PROGRESSING, now_hung.message))
     if old.replicas and status.replicas and old.replicas != status.replicas:
         events.append(EventSpec("Normal", c.SCALED,
                                 f"scaled from {old.replicas} to {status.replicas} workers"))
@@ -326,7 +340,62 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
                 release_pods=tuple(r.release_pods),
                 delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
                 counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
-                recovered_after_seconds=recovered, training_recovery=training)
+                recovered_after_seconds=recovered, training_recovery=training,
+                hung=hung is not None)
+
+
+def _restart_if_hung(r: _Round, job: TrainingJob, observed: Observed,
+                     reports: Sequence[ProgressReport] | None, *, desired: int,
+                     now: datetime) -> float | None:
+    """Restart every running worker as one counted failure when no step completed for
+    spec.hangTimeoutSeconds (policy.hang); the seconds without a step, or None."""
+    timeout = job.spec.hang_timeout_seconds
+    stalled = stalled_seconds(reports, timeout_seconds=timeout, now=now)
+    if stalled is None:
+        return None
+    current = current_pods(r.acct.slots, observed.workers)
+    running = {i: p for i, p in current.items()
+               if i < desired and classify_pod_exit(p) is Exit.RUNNING}
+    if not running:
+        return None
+    why = (f"no training step completed for {stalled:.0f}s "
+           f"(spec.hangTimeoutSeconds={timeout})")
+    restarts = r.acct.restarts + 1
+    after = backoff_until(job.spec.restart_policy, restarts, now)
+    first = min(running)
+    loss = WorkerLoss(index=first, pod=running[first].name, kind="Failed",
+                      reason=f"hung: {why}"[:256], time=now)
+    # New attempts in the status write that counts the hang: the pods deleted below are then
+    # stale ones being cleaned up, never preemptions.
+    slots = tuple(WorkerSlot(index=s.index, attempt=s.attempt + 1, replace_after=after)
+                  if s.index in running else s for s in r.acct.slots)
+    r.counted_restarts += 1
+    r.acct = replace(r.acct, slots=slots, restarts=restarts, last_loss_reason=c.WORKER_FAILED,
+                     backoff_until=after or r.acct.backoff_until,
+                     losses=(*r.acct.losses, loss)[-MAX_RECENT_LOSSES:],
+                     recovering_since=r.acct.recovering_since or now)
+    r.events.append(EventSpec("Warning", c.NO_TRAINING_PROGRESS,
+                              f"{why}; restarting {len(running)} worker(s) as one counted "
+                              "failure"))
+    return stalled
+
+
+def _hung_condition(status: TrainingJobStatus, job: TrainingJob, hung: float | None,
+                    reports: Sequence[ProgressReport] | None,
+                    now: datetime) -> TrainingJobStatus:
+    """Hung=True when the watchdog fired this round; False once a step ended after that."""
+    gen = job.metadata.generation
+    if hung is not None:
+        cond = make_condition(c.HUNG, True, c.NO_TRAINING_PROGRESS,
+                              f"no training step completed for {hung:.0f}s "
+                              f"(spec.hangTimeoutSeconds={job.spec.hang_timeout_seconds}); "
+                              "workers restarted", now=now, generation=gen)
+    elif progressing_again(find_condition(status.conditions, c.HUNG), reports):
+        cond = make_condition(c.HUNG, False, c.TRAINING_PROGRESSING,
+                              "training steps complete again", now=now, generation=gen)
+    else:
+        return status
+    return status.model_copy(update={"conditions": set_condition(status.conditions, cond)})
 
 
 def _training_resumed(rec: TrainingRecovery) -> EventSpec:

@@ -4,8 +4,9 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 `{"step": int, "totalSteps": int, "loss": float|null, "worldSize": int,
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
-"lastStepTime": RFC3339|null}` (the last four are newer: older trainers leave them out). The operator polls its Ready workers from its timer (short timeout,
-failures ignored) and keeps the largest step. So the operator needs no object-store credentials
+"lastStepTime": RFC3339|null}` (the last four are newer: older trainers leave them out).
+The operator polls its Ready workers from its timer (short timeout, failures ignored) and
+keeps the largest step. So the operator needs no object-store credentials
 and the workers need no RBAC.
 
 Training recovery: trainingSince is when the first step after the worker group's latest

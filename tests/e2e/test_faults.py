@@ -1,0 +1,85 @@
+"""Faults that leave no pod exiting on its own, told on a real kubelet (issue 9, items 1 and 3).
+
+- A trainer that raises at step N: its torchrun agent (elastrain_trainer.launch) ends the pod
+  with the exception in the termination message; each crash spends restartPolicy.maxRestarts,
+  and the job fails quoting it. Without the launcher the pod would restart in place forever.
+- A trainer that blocks inside a step (ELASTRAIN_FAULT_HANG_AT_STEP): the operator's progress
+  watchdog sees no step for spec.hangTimeoutSeconds, says Hung, and restarts the workers as one
+  counted failure; before that, steps slower than nothing but well inside the timeout never
+  trip it, and once the resumed group trains again Hung turns False.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.e2e.conftest import NodeCluster
+from tests.e2e.support import event_reasons, job_status, make_job, wait_for
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def _phase(k: Any, ns: str, name: str, phase: str) -> dict[str, Any] | None:
+    status = job_status(k, ns, name)
+    return status if status.get("phase") == phase else None
+
+
+def _hung(k: Any, ns: str, name: str, value: str) -> dict[str, Any] | None:
+    cond = _condition(job_status(k, ns, name), "Hung")
+    return cond if cond.get("status") == value else None
+
+
+def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_exception(
+        operator: NodeCluster, job_namespace: str) -> None:
+    node, ns, k = operator, job_namespace, operator.kubectl
+    job = make_job("crashy", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
+                   bucket=node.s3.bucket, steps=200, replicas=2, interval_steps=4,
+                   step_sleep=0.1)
+    job["spec"]["minReplicas"] = 1
+    job["spec"]["env"] += [{"name": "ELASTRAIN_FAULT_CRASH_AT_STEP", "value": "6"},
+                           {"name": "ELASTRAIN_FAULT_CRASH_RANK", "value": "1"}]
+    job["spec"]["restartPolicy"] = {"maxRestarts": 1, "backoffSeconds": 1}
+    k.apply(job)
+    status = wait_for("the job Failed", lambda: _phase(k, ns, "crashy", "Failed"), timeout=420)
+    failed = _condition(status, "Failed")
+    assert failed.get("reason") == "MaxRestartsExceeded", status
+    assert "2 worker failures exceed spec.restartPolicy.maxRestarts (1)" in failed["message"]
+    assert "InjectedCrash: injected crash at step 6 on rank 1" in failed["message"]
+    # The survivors restarted in place: only the crashed ranks' pods were counted.
+    assert status["restarts"] == 2 and status.get("preemptions", 0) == 0, status
+    assert [x["kind"] for x in status["recentLosses"]] == ["Failed", "Failed"]
+    assert all("InjectedCrash" in x["reason"] for x in status["recentLosses"])
+    assert event_reasons(k, ns, "crashy").count("WorkerFailed") == 2
+
+
+def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
+        operator: NodeCluster, job_namespace: str) -> None:
+    node, ns, k = operator, job_namespace, operator.kubectl
+    timeout = 30
+    # ~4.5 s per step for 10 steps: 45 s of slow progress, longer than the timeout in all.
+    job = make_job("stuck", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
+                   bucket=node.s3.bucket, steps=400, replicas=2, interval_steps=4,
+                   step_sleep=4.5, hangTimeoutSeconds=timeout)
+    job["spec"]["env"] += [{"name": "ELASTRAIN_FAULT_HANG_AT_STEP", "value": "10"}]
+    job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    k.apply(job)
+    wait_for("step 9 reported", lambda: (job_status(k, ns, "stuck").get("progress") or {})
+             .get("step", 0) >= 9, timeout=300)
+    status = job_status(k, ns, "stuck")
+    assert status.get("restarts", 0) == 0 and not _condition(status, "Hung"), status
+    hung = wait_for("Hung", lambda: _hung(k, ns, "stuck", "True"), timeout=timeout + 90)
+    assert hung["reason"] == "NoTrainingProgress"
+    assert f"(spec.hangTimeoutSeconds={timeout})" in hung["message"]
+    status = job_status(k, ns, "stuck")
+    assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
+    assert status["recentLosses"][-1]["reason"].startswith("hung: no training step")
+    assert "NoTrainingProgress" in event_reasons(k, ns, "stuck")
+    # The replacements resume (from step 8) and train on: Hung turns False.
+    cleared = wait_for("Hung=False", lambda: _hung(k, ns, "stuck", "False"), timeout=300)
+    assert cleared["reason"] == "TrainingProgressing"
+    status = job_status(k, ns, "stuck")
+    assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
+    assert status["progress"]["resumedFromStep"] >= 8
+    assert "TrainingProgressing" in event_reasons(k, ns, "stuck")
