@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,28 @@ def kubectl(kube: Any, *args: str, input_text: str | None = None,
     return subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), *args],
                           input=input_text, capture_output=True, text=True, check=check,
                           timeout=120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    """The samples a process serves on 127.0.0.1:<port>/metrics ("name{labels}" -> value);
+    None when nothing answers, so a process that is silent is never read as counting zero."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 @pytest.fixture(scope="session")

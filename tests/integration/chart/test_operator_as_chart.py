@@ -6,6 +6,7 @@ the proof that the chart's least-privilege RBAC and flags are enough, not just a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,13 +24,14 @@ import pytest
 import yaml
 
 from tests.integration.chart.conftest import Installer, helm
-from tests.integration.conftest import kubectl
-from tests.unit.chart.chartlib import ROOT
+from tests.integration.conftest import kubectl, scrape
+from tests.unit.chart.chartlib import CHART, ROOT
 from tests.unit.operator.builders import make_job_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SA = "elastrain"
+RECONCILES = "elastrain_operator_reconcile_duration_seconds_count"  # every reconcile, any result
 
 
 def _free_port() -> int:
@@ -64,9 +66,14 @@ def _service_account_kubeconfig(kube: Any, namespace: str, path: Path) -> Path:
     return path
 
 
-def _rendered_container(kube: Any, release: str, namespace: str) -> dict[str, Any]:
+def _rendered_deployment(kube: Any, release: str, namespace: str) -> dict[str, Any]:
     manifest = helm(kube, "get", "manifest", release, "--namespace", namespace).stdout
     (deployment,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
+    return dict(deployment)
+
+
+def _rendered_container(kube: Any, release: str, namespace: str) -> dict[str, Any]:
+    deployment = _rendered_deployment(kube, release, namespace)
     container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return container
 
@@ -150,3 +157,110 @@ def test_operator_works_with_exactly_the_charts_rbac_and_flags(
     # list resource ..."); other 403s (a namespace being deleted by another test) are not ours.
     denials = re.findall(r'forbidden: User "[^"]+" cannot [^\n]*', logs())
     assert not denials, "\n".join(denials[:10])
+
+
+def _start_replica(container: dict[str, Any], kubeconfig: Path, pod: str, log_path: Path,
+                   health: int, metrics: int) -> subprocess.Popen[bytes]:
+    """One operator replica as the chart's Deployment starts it; POD_ID is its pod's name."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "ELASTRAIN_TIMER_INTERVAL_SECONDS": "1",
+           "ELASTRAIN_HANDLER_BACKOFF_SECONDS": "1"}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    for item in container["env"]:
+        env[item["name"]] = item.get("value", pod)  # POD_ID's fieldRef: metadata.name
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "elastrain_operator",
+             *_local_args(container["args"], health, metrics)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _reconciles(port: int, logs: Callable[[], str]) -> float:
+    samples = _eventually(f"/metrics on port {port}", lambda: scrape(port), 10, logs)
+    return float(samples[RECONCILES])
+
+
+def _steady_reconciles(port: int, logs: Callable[[], str], quiet: float = 3.0) -> float:
+    """A paused replica's reconcile count, once it has not moved for `quiet` seconds (three
+    timer rounds); fails if it keeps moving."""
+    deadline = time.monotonic() + 60
+    last, since = _reconciles(port, logs), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the replica on {port} never stopped reconciling:\n{logs()[-4000:]}")
+        time.sleep(0.5)
+        if (now := _reconciles(port, logs)) != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def test_charts_ha_values_run_two_replicas_of_which_one_acts(
+        install_chart: Installer, monitoring_crds: Any, kube_namespace: str,
+        tmp_path: Path) -> None:
+    """charts/elastrain/ci/ha-values.yaml as shipped (2 replicas, cluster-wide peering, no
+    --priority so each replica draws a random one): two operators with exactly the rendered
+    flags and ServiceAccount, started together like the Deployment's two pods, elect one. Once
+    each has seen the other in the ClusterKopfPeering, only the one with the higher priority
+    reconciles, as each replica's own reconcile counter shows.
+
+    Started at the same moment, the lower one may act for a moment first: kopf resumes a replica
+    on the first peering event that lists no one above it, and the events queued meanwhile are
+    still handled after it pauses. The counts of that overlap are printed."""
+    release, _ = install_chart(kube_namespace, "--values", str(CHART / "ci" / "ha-values.yaml"),
+                               "--set", f"fullnameOverride={SA}")
+    deployment = _rendered_deployment(monitoring_crds, release, kube_namespace)
+    assert deployment["spec"]["replicas"] == 2
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    peering = "elastrain-ha"
+    assert f"--peering={peering}" in container["args"] and "--all-namespaces" in container["args"]
+    assert not [a for a in container["args"] if a.startswith(("--priority", "--standalone"))]
+    kubeconfig = _service_account_kubeconfig(monitoring_crds, kube_namespace,
+                                             tmp_path / "kubeconfig")
+    pods = [f"{SA}-replica-{i}" for i in range(2)]
+    ports = {pod: (_free_port(), _free_port()) for pod in pods}
+    procs = {pod: _start_replica(container, kubeconfig, pod, tmp_path / f"{pod}.log", *ports[pod])
+             for pod in pods}
+
+    def logs() -> str:
+        return "".join(f"--- {pod} ---\n" + (tmp_path / f"{pod}.log").read_text(errors="replace")
+                       for pod in pods)
+
+    def peers() -> dict[str, int] | None:
+        done = kubectl(monitoring_crds, "get", "clusterkopfpeering", peering, "-o", "json",
+                       check=False)
+        status = json.loads(done.stdout).get("status") or {} if done.returncode == 0 else {}
+        found = {peer: int(entry["priority"]) for peer, entry in status.items()}
+        return found if set(found) == set(pods) else None
+
+    try:
+        for pod in pods:
+            _eventually(f"{pod}'s /healthz answers", functools.partial(
+                _get, f"http://127.0.0.1:{ports[pod][0]}/healthz"), 60, logs)
+        priorities = _eventually("both replicas in the ClusterKopfPeering", peers, 60, logs)
+        assert len(set(priorities.values())) == 2, priorities  # drawn at random: no tie
+        active = max(priorities, key=lambda pod: priorities[pod])
+        (paused,) = set(pods) - {active}
+        before = {paused: _steady_reconciles(ports[paused][1], logs)}
+        before[active] = _reconciles(ports[active][1], logs)  # its timers never stop
+        print(f"reconciles before the replicas settled: {before} (priorities {priorities})")
+        kubectl(monitoring_crds, "apply", "-n", kube_namespace, "-f", "-",
+                input_text=json.dumps(make_job_manifest("ha")))
+        _eventually("worker pods created", lambda: json.loads(kubectl(
+            monitoring_crds, "get", "pods", "-n", kube_namespace, "-o", "json", "-l",
+            "elastrain.dev/job-name=ha,elastrain.dev/role=worker").stdout)["items"], 60, logs)
+        time.sleep(3)  # three timer rounds: a paused replica's timers would have fired by now
+        after = {pod: _reconciles(ports[pod][1], logs) for pod in pods}
+        assert after[active] > before[active], (priorities, before, after)
+        assert after[paused] == before[paused], (priorities, before, after, logs()[-8000:])
+        assert all(proc.poll() is None for proc in procs.values()), logs()
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    text = logs()
+    assert not re.findall(r'forbidden: User "[^"]+" cannot [^\n]*', text), text[-4000:]
+    assert "Traceback (most recent call last)" not in text, text[-8000:]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import free_port, scrape
 from tests.integration.operator.conftest import Cluster, Operator, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -47,24 +48,51 @@ def assert_exact(cluster: Cluster, desired: int, expected: dict[str, int]) -> No
             assert slots[index] == attempt, f"{name} is not its slot's current attempt"
 
 
+def assert_no_traceback(*ops: Operator) -> None:
+    """Nothing an operator logged may be a traceback: a crash kopf survived is still a crash."""
+    for op in ops:
+        logs = op.logs()
+        at = logs.find("Traceback (most recent call last)")
+        context = logs[max(0, at - 2000):at + 4000]
+        assert at < 0, f"operator {op.log_dir.name} logged a traceback:\n{context}"
+
+
 class Chaos(threading.Thread):
-    """SIGKILL the operator and start it again, KILLS times, at random moments."""
+    """SIGKILL the operator and start it again, KILLS times, at random moments.
+
+    Before each kill it checks that the operator is still running: one that exited on its own
+    crashed, and a test that only ever restarts it would never notice."""
 
     def __init__(self, op: Operator, rng: random.Random) -> None:
         super().__init__(daemon=True)
         self.op, self.rng = op, rng
         self.kills = 0
+        self.crashed: str | None = None
         self.lock = threading.Lock()
 
     def run(self) -> None:
         while self.kills < KILLS:
             time.sleep(self.rng.uniform(0.5, 3.0))
             with self.lock:
+                if not self.alive():
+                    return
                 self.op.kill()
                 self.kills += 1
                 if self.rng.random() < 0.3:
                     time.sleep(self.rng.uniform(0.5, 2.0))  # sometimes stay down a while
                 self.op.start()
+
+    def alive(self) -> bool:
+        code = self.op.proc.poll() if self.op.proc is not None else "never started"
+        if code is not None and self.crashed is None:
+            self.crashed = (f"the operator (start {self.op.starts}) exited on its own with "
+                            f"{code} before kill {self.kills + 1}")
+        return self.crashed is None
+
+    def check(self) -> None:
+        """Fail the test at once if the operator crashed (waits call this while they poll)."""
+        if self.crashed is not None:
+            pytest.fail(f"{self.crashed}; its log:\n{self.op.logs()[-6000:]}")
 
 
 def test_sigkill_at_random_points_keeps_counts_exact(
@@ -106,32 +134,57 @@ def test_sigkill_at_random_points_keeps_counts_exact(
             gone = set()
         actions += 1
         settled = functools.partial(converged, cluster, desired, gone)
-        wait_for(f"action {actions} ({action} {victim}) handled", settled, timeout=60)
+
+        def handled(settled: Callable[[], bool] = settled) -> bool:
+            chaos.check()
+            return settled()
+
+        wait_for(f"action {actions} ({action} {victim}) handled", handled, timeout=60)
     chaos.join()
+    chaos.check()
     assert chaos.kills == KILLS
     assert_exact(cluster, desired, expected)
     # The last replacement may have left the job below minReplicas (Restarting) until it runs.
     cluster.run_all()
     wait_for("phase Running once the replacements run",
              lambda: cluster.status()["phase"] == "Running", timeout=30)
+    with chaos.lock:
+        assert chaos.alive(), chaos.crashed
+    assert_no_traceback(op)
 
 
-def _reconciled(op: Operator) -> int:
-    return op.logs().count("reconciled ")
+RECONCILES = "elastrain_operator_reconcile_duration_seconds_count"  # every reconcile, any result
+
+
+def reconciles(port: int) -> float:
+    """How many reconciles the replica serving /metrics on `port` ran; fails if it is silent
+    (an unlabelled histogram's count is exported from the start, so 0 means 0, not absent)."""
+    samples = wait_for(f"/metrics on port {port}", lambda: scrape(port), timeout=10)
+    return samples[RECONCILES]
+
+
+def peers(cluster: Cluster) -> dict[str, Any]:
+    """The replicas' keep-alives in the KopfPeering object: peer id -> {priority, lastseen...}."""
+    peering = cluster.kube.get(
+        f"/apis/kopf.dev/v1/namespaces/{cluster.ns}/kopfpeerings/elastrain") or {}
+    return dict(peering.get("status") or {})
 
 
 def test_two_replicas_only_the_higher_priority_acts(
-        cluster: Cluster, peering_crds: Any, operator_factory: Callable[..., Operator]) -> None:
+        cluster: Cluster, peering_crds: Any, operator_factory: Callable[..., Operator],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     common = ("--peering", "elastrain", "--peering-lifetime", "8")
-    high = operator_factory(*common, "--priority", "100", name="high")
-    low = operator_factory(*common, "--priority", "50", name="low")
-    high.start()
-    low.start()
-    # Both replicas announced themselves: from then on the lower one stays paused (it logs
-    # "Pausing" only if it was active first, so the peering object is what the test waits on).
-    wait_for("both replicas in the peering object", lambda: len((cluster.kube.get(
-        f"/apis/kopf.dev/v1/namespaces/{cluster.ns}/kopfpeerings/elastrain") or {}).get(
-        "status") or {}) == 2)
+    ports = {"high": free_port(), "low": free_port()}
+    ops = {}
+    for name, priority in (("high", 100), ("low", 50)):
+        monkeypatch.setenv("POD_ID", f"replica-{name}")  # kopf's peer id in the peering status
+        ops[name] = operator_factory(*common, "--priority", str(priority),
+                                     "--metrics-port", str(ports[name]), name=name)
+        ops[name].start()
+    high, low = ops["high"], ops["low"]
+    wait_for("both replicas in the peering object", lambda: {
+        peer: entry["priority"] for peer, entry in peers(cluster).items()} == {
+        "replica-high": 100, "replica-low": 50})
     wait_for("the high-priority replica is active", lambda: "Resuming operations" in high.logs())
     cluster.create_job(replicas=2, restartPolicy={"backoffSeconds": 0})
     wait_for("workers", lambda: converged(cluster, 2, set()), timeout=60)
@@ -139,17 +192,21 @@ def test_two_replicas_only_the_higher_priority_acts(
     cluster.exit("demo-worker-0-0", 143, disruption="PreemptionByScheduler")
     wait_for("replacement", lambda: converged(cluster, 2, {"demo-worker-0-0"}), timeout=60)
     assert_exact(cluster, 2, {"preemptions": 1, "restarts": 0})
-    assert _reconciled(high) >= 2
-    assert _reconciled(low) == 0, "the paused replica acted"
+    assert reconciles(ports["high"]) >= 2
+    assert reconciles(ports["low"]) == 0, "the paused replica acted"
+    low_created = scrape(ports["low"]) or {}
+    assert low_created["elastrain_operator_workers_created_total"] == 0
 
     # The active replica dies without a goodbye: the other takes over once its record expires.
-    resumed = low.logs().count("Resuming operations")
     high.kill()
-    wait_for("the low-priority replica resumes",
-             lambda: low.logs().count("Resuming operations") > resumed, timeout=60)
+    wait_for("the low-priority replica reconciles", lambda: reconciles(ports["low"]) > 0,
+             timeout=60)
     cluster.run_all()
     cluster.exit("demo-worker-1-0", 1)
     wait_for("replacement by the survivor",
              lambda: converged(cluster, 2, {"demo-worker-1-0"}), timeout=60)
     assert_exact(cluster, 2, {"preemptions": 1, "restarts": 1})
-    assert _reconciled(low) >= 1
+    survivor = scrape(ports["low"]) or {}
+    assert survivor["elastrain_operator_workers_created_total"] == 1
+    assert low.proc is not None and low.proc.poll() is None
+    assert_no_traceback(high, low)
