@@ -77,8 +77,11 @@ def test_trainer_image_builds_on_any_base_with_cpu_or_cuda_torch() -> None:
 
 
 def test_dockerignore_keeps_the_context_to_sources() -> None:
-    lines = (ROOT / ".dockerignore").read_text().split()
-    assert lines[lines.index("**")] == "**", "ignore everything, then allow sources"
+    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+    # Later rules win: only a leading `**` makes every other rule an exception to "nothing".
+    assert rules[0] == "**", f"the first rule must ignore everything, not {rules[0]!r}"
+    assert "**" not in rules[1:], "a second `**` would ignore the sources allowed before it"
     for allowed in ("!pyproject.toml", "!operator/elastrain_operator/**",
                     "!trainer_image/elastrain_trainer/**"):
-        assert allowed in lines
+        assert allowed in rules
