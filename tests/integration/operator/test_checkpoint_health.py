@@ -1,0 +1,208 @@
+"""Checkpoint failures reach the TrainingJob: a real trainer process (`python -m
+elastrain_trainer`, a world of one) checkpoints to the real MinIO and serves /progress on a
+loopback port; the operator, on the real apiserver, polls it through a worker pod whose status
+points at 127.0.0.1; the tests read the job's conditions, events and printer columns.
+
+Wrong credentials and a missing bucket fail at start, before any step; a store that goes away
+(a TCP proxy in front of MinIO, cut and healed) shows within a minute and clears when it is back,
+both mid-training and at start.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_trainer.events import parse_line
+from tests.integration.operator.conftest import Cluster, Operator, wait_for
+from tests.integration.trainer.conftest import s3_env, subprocess_env, trainer_env
+from tests.integration.trainer.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.s3, pytest.mark.timeout(300)]
+FAILING = "CheckpointsFailing"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Trainer:
+    """One trainer process; its structured records, stderr and exit code."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = int(env["ELASTRAIN_METRICS_PORT"])
+        self.records: list[dict[str, Any]] = []
+        self.stderr = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "elastrain_trainer"],
+                                         env=subprocess_env(env), stdout=subprocess.PIPE,
+                                         stderr=err, text=True)
+        self.started = time.monotonic()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if (record := parse_line(line)) is not None:
+                self.records.append(record)
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in list(self.records) if r["event"] == kind]
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        return str(urllib.request.urlopen(url, timeout=5).read().decode())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_job(cluster: Cluster, port: int) -> None:
+    """A one-worker job whose pod runs 'at' 127.0.0.1, so the operator polls the trainer."""
+    cluster.create_job(replicas=1, metricsPort=port)
+    cluster.wait_workers(["demo-worker-0-0"])
+    cluster.run_all()
+
+
+def condition_is(cluster: Cluster, status: str, reason: str) -> dict[str, Any] | None:
+    cond = cluster.condition(FAILING)
+    return cond if (cond.get("status"), cond.get("reason")) == (status, reason) else None
+
+
+def failed_saves_column(cluster: Cluster) -> str:
+    """The FAILED SAVES column of `kubectl get tj` (cut at the header's offsets: columns
+    without a value are blank)."""
+    header, row = cluster.kubectl("get", "tj", "demo").stdout.splitlines()[:2]
+    start = header.index("FAILED SAVES")
+    return row[start:header.index("AGE", start)].strip()
+
+
+@pytest.mark.parametrize("fault", ["wrong-secret-key", "missing-bucket"])
+def test_an_unusable_location_fails_at_start_and_the_job_says_why(
+        cluster: Cluster, operator: Operator, s3: Any, tmp_path: Path, fault: str) -> None:
+    port = free_port()
+    bucket = s3.bucket if fault == "wrong-secret-key" else f"missing-{uuid.uuid4().hex[:8]}"
+    uri = f"s3://{bucket}/health/{uuid.uuid4().hex[:8]}"
+    env = {**trainer_env(tmp_path, metrics_port=str(port), checkpoint_uri=uri,
+                         checkpoint_endpoint=s3.endpoint_url), **s3_env(s3)}
+    if fault == "wrong-secret-key":
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret-key"
+        expected = "SignatureDoesNotMatch: the secret access key does not match the access key"
+    else:
+        expected = f"NoSuchBucket: bucket '{bucket}' does not exist at this endpoint"
+    start_job(cluster, port)
+    trainer = Trainer(env, tmp_path / "trainer.err")
+    try:
+        cond = wait_for("CheckpointsFailing=True", lambda: condition_is(
+            cluster, "True", "CheckpointSaveFailed"), timeout=60)
+        seconds = time.monotonic() - trainer.started
+        assert trainer.proc.wait(timeout=60) == 1
+    finally:
+        trainer.stop()
+    print(f"{fault}: CheckpointsFailing {seconds:.1f} s after the trainer started")
+    assert seconds < 60
+    # Exactly what is wrong: the operation and key, the endpoint and the credential source.
+    assert expected in cond["message"], cond
+    assert f"list {uri}/.elastrain-check failed" in cond["message"]
+    assert f"endpoint {s3.endpoint_url}, access key ****{s3.access_key[-4:]} from environment " \
+           "variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" in cond["message"]
+    assert "not-the-secret-key" not in cond["message"]
+    # The trainer never trained, and its exit says the same as the condition.
+    assert not trainer.events("step")
+    stderr = trainer.stderr.read_text()
+    assert ("CheckpointLocationError: training did not start: the checkpoint location is "
+            "unusable: ") in stderr and expected in stderr
+    (event,) = wait_for("the Warning event", lambda: cluster.events("CheckpointSaveFailed"))
+    assert event["type"] == "Warning" and expected in event["message"]
+    assert failed_saves_column(cluster) == "1"
+    time.sleep(3)  # more polls and timer rounds: still one event
+    assert len(cluster.events("CheckpointSaveFailed")) == 1
+
+
+def outage_env(s3: Any, tmp_path: Path, proxy: TcpProxy, port: int) -> dict[str, str]:
+    uri = f"s3://{s3.bucket}/health/{uuid.uuid4().hex[:8]}"
+    return {**trainer_env(tmp_path, metrics_port=str(port), checkpoint_uri=uri,
+                          checkpoint_endpoint=proxy.endpoint, steps="100000",
+                          checkpoint_interval_steps="5", step_sleep_seconds="0.1"),
+            **s3_env(s3)}
+
+
+def minio_proxy(s3: Any) -> TcpProxy:
+    host, port = s3.endpoint_url.removeprefix("http://").split(":")
+    return TcpProxy(host, int(port)).start()
+
+
+def test_a_store_down_for_30_s_mid_training_shows_within_a_minute_and_clears(
+        cluster: Cluster, operator: Operator, s3: Any, tmp_path: Path) -> None:
+    port, proxy = free_port(), minio_proxy(s3)
+    start_job(cluster, port)
+    trainer = Trainer(outage_env(s3, tmp_path, proxy, port), tmp_path / "trainer.err")
+    try:
+        wait_for("a committed checkpoint, healthy", lambda: condition_is(
+            cluster, "False", "CheckpointsHealthy") and cluster.status().get("lastCheckpoint"),
+            timeout=90)
+        assert failed_saves_column(cluster) == "0"
+        proxy.cut()
+        cut_at = time.monotonic()
+        cond = wait_for("CheckpointsFailing=True", lambda: condition_is(
+            cluster, "True", "CheckpointSaveFailed"), timeout=60)
+        seconds = time.monotonic() - cut_at
+        print(f"store cut: CheckpointsFailing {seconds:.1f} s later")
+        assert seconds < 60
+        assert "no answer from the endpoint" in cond["message"]
+        assert f"endpoint {proxy.endpoint}" in cond["message"]
+        text = trainer.metrics()
+        assert 'elastrain_trainer_checkpoint_failures_total{kind="unreachable"}' in text
+        assert "elastrain_trainer_checkpoint_consecutive_failures 0.0" not in text
+        time.sleep(max(0.0, 30 - (time.monotonic() - cut_at)))
+        step_at_heal = trainer.events("step")[-1]["step"]
+        proxy.heal()
+        cleared = wait_for("CheckpointsFailing=False again", lambda: condition_is(
+            cluster, "False", "CheckpointsHealthy"), timeout=90)
+        assert trainer.proc.poll() is None  # trained through the outage
+        assert "elastrain_trainer_checkpoint_consecutive_failures 0.0" in trainer.metrics()
+    finally:
+        trainer.stop()
+        proxy.cut()
+    assert "no answer" not in cleared["message"]
+    assert cluster.status()["lastCheckpoint"]["step"] > step_at_heal
+    (warning,) = cluster.events("CheckpointSaveFailed")
+    (normal,) = wait_for("the Normal event", lambda: cluster.events("CheckpointsHealthy"))
+    assert (warning["type"], normal["type"]) == ("Warning", "Normal")
+
+
+def test_a_store_down_at_start_is_waited_for_and_training_starts_when_it_is_back(
+        cluster: Cluster, operator: Operator, s3: Any, tmp_path: Path) -> None:
+    port, proxy = free_port(), minio_proxy(s3)
+    proxy.cut()
+    start_job(cluster, port)
+    trainer = Trainer(outage_env(s3, tmp_path, proxy, port), tmp_path / "trainer.err")
+    try:
+        cond = wait_for("CheckpointsFailing=True", lambda: condition_is(
+            cluster, "True", "CheckpointSaveFailed"), timeout=60)
+        assert "list s3://" in cond["message"] and "no answer from the endpoint" in cond["message"]
+        time.sleep(5)
+        assert trainer.proc.poll() is None and not trainer.events("step")  # waiting, not failing
+        proxy.heal()
+        wait_for("CheckpointsFailing=False", lambda: condition_is(
+            cluster, "False", "CheckpointsHealthy"), timeout=60)
+        wait_for("training", lambda: trainer.events("step"), timeout=60)
+    finally:
+        trainer.stop()
+        proxy.cut()
+    (ok,) = trainer.events("checkpoint_location_ok")
+    assert ok["attempts"] > 1
+    assert len(cluster.events("CheckpointSaveFailed")) == 1
