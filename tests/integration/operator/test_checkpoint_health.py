@@ -3,7 +3,9 @@ elastrain_trainer`, a world of one) checkpoints to the real MinIO and serves /pr
 loopback port; the operator, on the real apiserver, polls it through a worker pod whose status
 points at 127.0.0.1; the tests read the job's conditions, events and printer columns.
 
-Wrong credentials and a missing bucket fail at start, before any step; a store that goes away
+Wrong credentials and a missing bucket fail at start, before any step (the wrong key under the
+launcher the operator gives worker pods, whose termination message the operator then quotes as
+a kubelet would hand it over); a store that goes away
 (a TCP proxy in front of MinIO, cut and healed) shows within a minute and clears when it is back,
 both mid-training and at start.
 """
@@ -40,14 +42,21 @@ def free_port() -> int:
 class Trainer:
     """One trainer process; its structured records, stderr and exit code."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, *, launcher: bool = False) -> None:
         self.port = int(env["ELASTRAIN_METRICS_PORT"])
         self.records: list[dict[str, Any]] = []
         self.stderr = log
+        # The launcher writes its crash reason there only if the file exists (as in a pod).
+        self.termination_log = log.with_suffix(".termination-log")
+        self.termination_log.touch()
+        command = [sys.executable, "-m", "elastrain_trainer"]
+        if launcher:
+            command[2:2] = ["elastrain_trainer.launch", "--standalone", "--nnodes=1",
+                            "--nproc-per-node=1", "-m"]
+        env = {**env, "ELASTRAIN_TERMINATION_LOG": str(self.termination_log)}
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "elastrain_trainer"],
-                                         env=subprocess_env(env), stdout=subprocess.PIPE,
-                                         stderr=err, text=True)
+            self.proc = subprocess.Popen(command, env=subprocess_env(env),
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
         self.started = time.monotonic()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -103,8 +112,9 @@ def test_an_unusable_location_fails_at_start_and_the_job_says_why(
         expected = "SignatureDoesNotMatch: the secret access key does not match the access key"
     else:
         expected = f"NoSuchBucket: bucket '{bucket}' does not exist at this endpoint"
+    launcher = fault == "wrong-secret-key"
     start_job(cluster, port)
-    trainer = Trainer(env, tmp_path / "trainer.err")
+    trainer = Trainer(env, tmp_path / "trainer.err", launcher=launcher)
     try:
         cond = wait_for("CheckpointsFailing=True", lambda: condition_is(
             cluster, "True", "CheckpointSaveFailed"), timeout=60)
@@ -116,20 +126,29 @@ def test_an_unusable_location_fails_at_start_and_the_job_says_why(
     assert seconds < 60
     # Exactly what is wrong: the operation and key, the endpoint and the credential source.
     assert expected in cond["message"], cond
-    assert f"list {uri}/.elastrain-check failed" in cond["message"]
-    assert f"endpoint {s3.endpoint_url}, access key ****{s3.access_key[-4:]} from environment " \
-           "variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" in cond["message"]
+    assert (f"(on list {uri}/.elastrain-check; endpoint {s3.endpoint_url}, access key "
+            f"****{s3.access_key[-4:]} from environment variables "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") in cond["message"]
     assert "not-the-secret-key" not in cond["message"]
     # The trainer never trained, and its exit says the same as the condition.
     assert not trainer.events("step")
-    stderr = trainer.stderr.read_text()
-    assert ("CheckpointLocationError: training did not start: the checkpoint location is "
-            "unusable: ") in stderr and expected in stderr
+    said = ("CheckpointLocationError: checkpoint location unusable, training not started: "
+            + expected)
+    assert said in trainer.stderr.read_text()
     (event,) = wait_for("the Warning event", lambda: cluster.events("CheckpointSaveFailed"))
     assert event["type"] == "Warning" and expected in event["message"]
     assert failed_saves_column(cluster) == "1"
     time.sleep(3)  # more polls and timer rounds: still one event
     assert len(cluster.events("CheckpointSaveFailed")) == 1
+    if launcher:
+        # The pod fails with the launcher's one-line reason; the operator counts and quotes it.
+        reason = trainer.termination_log.read_text()
+        assert reason.startswith(f"elastrain: worker crashed: rank 0, exit code 1: {said}")
+        cluster.exit("demo-worker-0-0", 1, message=reason)
+        (failed,) = wait_for("WorkerFailed", lambda: cluster.events("WorkerFailed"))
+        assert "CheckpointLocationError: checkpoint location unusable, training not started: " \
+               "SignatureDoesNotMatch: the secret access key does not match" in failed["message"]
+        assert cluster.status()["restarts"] == 1
 
 
 def outage_env(s3: Any, tmp_path: Path, proxy: TcpProxy, port: int) -> dict[str, str]:
@@ -193,7 +212,8 @@ def test_a_store_down_at_start_is_waited_for_and_training_starts_when_it_is_back
     try:
         cond = wait_for("CheckpointsFailing=True", lambda: condition_is(
             cluster, "True", "CheckpointSaveFailed"), timeout=60)
-        assert "list s3://" in cond["message"] and "no answer from the endpoint" in cond["message"]
+        assert cond["message"].count("EndpointConnectionError: no answer from the endpoint "
+                                     "(on list s3://") == 1, cond
         time.sleep(5)
         assert trainer.proc.poll() is None and not trainer.events("step")  # waiting, not failing
         proxy.heal()

@@ -4,6 +4,7 @@ the failed saves the CheckpointManager counts in /progress and /metrics."""
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +60,12 @@ def test_s3_errors_say_what_failed_where_and_with_which_credentials(
         permanent: bool, says: str) -> None:
     problem = diagnose(s3_storage(monkeypatch), error, action=action, key=".elastrain-check/x")
     assert (problem.kind, problem.permanent) == (kind, permanent)
-    assert problem.message.startswith(f"{action} s3://ckpts/jobs/demo/.elastrain-check/x failed: ")
-    assert says in problem.message
-    # Where and who, never the secret: the access key is masked.
-    assert f"endpoint {ENDPOINT}, access key ****1234 from environment variables " \
-           "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" in problem.message
+    # What is wrong first, then where and who; never the secret, and the access key masked.
+    reason, _, where = problem.message.partition(" (on ")
+    assert says in reason
+    assert where == (f"{action} s3://ckpts/jobs/demo/.elastrain-check/x; endpoint {ENDPOINT}, "
+                     "access key ****1234 from environment variables "
+                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
     assert "AKIAEXAMPLE" not in problem.message and "secret'" not in problem.message
 
 
@@ -76,7 +78,7 @@ def test_s3_without_any_credentials_says_where_it_looked(monkeypatch: pytest.Mon
     storage = S3Storage("s3://ckpts/p", endpoint_url=ENDPOINT, client=fresh_client())
     problem = diagnose(storage, NoCredentialsError(), action="list")
     assert problem.kind == "credentials" and problem.permanent
-    assert "no credentials found (looked in AWS_ACCESS_KEY_ID" in problem.message
+    assert "no credentials found: looked in AWS_ACCESS_KEY_ID" in problem.message
 
 
 @pytest.mark.parametrize(("code", "kind", "permanent"), [
@@ -106,8 +108,8 @@ def test_failed_saves_count_until_one_commits(tmp_path: Path) -> None:
     for step in (1, 2):
         manager.save(SaveRequest(step, {"w": torch.zeros(2)}))
     assert health()["consecutiveFailures"] == 2
-    assert health()["lastError"].startswith(f"save file://{tmp_path}/ckpt/step-00000002 failed: "
-                                            "no space left (OSError ENOSPC)")
+    assert health()["lastError"] == (f"no space left (OSError ENOSPC) (on save file://{tmp_path}"
+                                     "/ckpt/step-00000002; as uid " f"{os.getuid()})")
     assert metrics.CHECKPOINT_FAILURES.labels(kind="store_error")._value.get() >= 2
     storage.full = False
     manager.save(SaveRequest(3, {"w": torch.zeros(2)}))

@@ -28,14 +28,15 @@ def test_probe_names_the_step_that_failed(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("in the way")
     problem = pc.check_location(f"file://{tmp_path}/file/ckpt")
     assert problem is not None and problem.permanent and problem.kind == "no_bucket"
-    assert problem.message.startswith(f"write file://{tmp_path}/file/ckpt/.elastrain-check/")
+    assert problem.message.startswith("a part of the path is not a directory (NotADirectoryError "
+                                      f"ENOTDIR) (on write file://{tmp_path}/file/ckpt/.elastrain-check/")
     bad_endpoint = pc.check_location("s3://b/p", "not a url")
     assert bad_endpoint is not None and bad_endpoint.permanent
-    assert bad_endpoint.message.startswith("open s3://b/p failed:")
+    assert bad_endpoint.message.endswith("(on open s3://b/p)")
 
 
-REFUSED = StorageProblem("credentials", True, "write s3://b/p/x failed: SignatureDoesNotMatch")
-DOWN = StorageProblem("unreachable", False, "list s3://b/p failed: no answer from the endpoint")
+REFUSED = StorageProblem("credentials", True, "SignatureDoesNotMatch: ... (on write s3://b/p/x)")
+DOWN = StorageProblem("unreachable", False, "EndpointConnectionError: ... (on list s3://b/p)")
 
 
 class Clock:
@@ -70,7 +71,7 @@ def test_a_refusal_fails_at_once_and_is_reported() -> None:
     metrics.record_checkpoint_healthy()
     with pytest.raises(pc.CheckpointLocationError) as raised:
         run_check([REFUSED], serving=False)
-    assert str(raised.value) == ("training did not start: the checkpoint location is unusable: "
+    assert str(raised.value) == ("checkpoint location unusable, training not started: "
                                  + REFUSED.message)
     assert raised.value.__context__ is None and raised.value.__cause__ is None
     assert health()["consecutiveFailures"] == 1 and health()["lastError"] == REFUSED.message
@@ -87,9 +88,10 @@ def test_an_unreachable_store_is_waited_for_with_backoff_then_the_streak_resets(
 
 
 def test_an_unreachable_store_fails_once_the_wait_is_over() -> None:
-    with pytest.raises(pc.CheckpointLocationError, match="kept failing for "
-                       "ELASTRAIN_CHECKPOINT_WAIT_SECONDS=60: list s3://b/p failed"):
+    with pytest.raises(pc.CheckpointLocationError) as raised:
         run_check([DOWN] * 20, wait=60, serving=False)
+    assert str(raised.value) == ("checkpoint store still failing after 60 s, training not "
+                                 "started: " + DOWN.message)
 
 
 def test_the_world_agrees_on_the_worst_verdict() -> None:

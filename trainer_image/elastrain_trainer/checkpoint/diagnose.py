@@ -1,8 +1,9 @@
 """What a checkpoint storage error means, in words a user can act on.
 
 `diagnose()` turns an exception from a CheckpointStorage call into a StorageProblem: a bounded
-`kind` (a metric label), whether waiting can fix it, and one line that says what failed where
-(bucket and key or directory), at which endpoint and with which credentials. The start-up check
+`kind` (a metric label), whether waiting can fix it, and one line that says what is wrong, then
+on which operation and key (bucket and key, or directory), at which endpoint and with which
+credentials. The start-up check
 (precheck.py) and the CheckpointManager's failed saves both report it in /progress, where the
 operator reads it into the CheckpointsFailing condition. S3 errors are read by checkpoint.s3 (the
 only module that knows botocore); file:// errors are OSErrors.
@@ -58,7 +59,8 @@ def diagnose(storage: CheckpointStorage, error: BaseException, *, action: str,
     else:
         why = explain_os_error(error)
         context = f"as uid {os.getuid()}"
-    message = f"{action} {where} failed: {why.reason} ({context})"
+    # The reason first: the launcher's one-line crash reason keeps only its beginning.
+    message = f"{why.reason} (on {action} {where}; {context})"
     if len(message) > MAX_MESSAGE:
         message = message[:MAX_MESSAGE] + "..."
     return StorageProblem(why.kind, why.permanent, message)
@@ -66,7 +68,7 @@ def diagnose(storage: CheckpointStorage, error: BaseException, *, action: str,
 
 def unusable(storage_uri: str, error: ValueError) -> StorageProblem:
     """A location that cannot even be opened (a malformed URI or endpoint)."""
-    return StorageProblem(OTHER, True, f"open {storage_uri} failed: {error}")
+    return StorageProblem(OTHER, True, f"{error} (on open {storage_uri})")
 
 
 _OS_REFUSALS = {

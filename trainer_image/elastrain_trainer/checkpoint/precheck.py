@@ -147,11 +147,11 @@ def _give_up(cfg: TrainerConfig, problem: StorageProblem, local_rank: int,
         metrics.wait_for_progress_read(metrics.progress_reads(), LINGER_SECONDS)
     if _distributed(group):
         dist.barrier(group=group)  # no rank leaves before the reason was served
-    why = ("the checkpoint location is unusable" if problem.permanent
-           else "the checkpoint location kept failing for ELASTRAIN_CHECKPOINT_WAIT_SECONDS="
-                f"{cfg.checkpoint_wait_seconds}")
+    why = ("checkpoint location unusable" if problem.permanent else
+           f"checkpoint store still failing after {cfg.checkpoint_wait_seconds} s")
+    # Short, the reason next: the launcher's one-line crash reason keeps only the beginning.
     # Raised outside any `except`: a chained store error could read like a lost training peer.
-    raise CheckpointLocationError(f"training did not start: {why}: {problem.message}")
+    raise CheckpointLocationError(f"{why}, training not started: {problem.message}")
 
 
 def _distributed(group: dist.ProcessGroup | None) -> bool:

@@ -147,12 +147,14 @@ def _is_not_found(e: ClientError) -> bool:
 # Codes by which the store answered and refused. Waiting cannot fix them: a pod's credentials
 # come from its environment, fixed when its container started.
 _REFUSED = {
-    "InvalidAccessKeyId": (CREDENTIALS, "the store does not know the access key"),
-    "SignatureDoesNotMatch": (CREDENTIALS, "the secret access key does not match the access key"),
+    "InvalidAccessKeyId": (CREDENTIALS, "the store does not know the access key: check the "
+                                        "credentials Secret"),
+    "SignatureDoesNotMatch": (CREDENTIALS, "the secret access key does not match the access key: "
+                                           "check the credentials Secret"),
     "InvalidToken": (CREDENTIALS, "the session token is invalid"),
     "ExpiredToken": (CREDENTIALS, "the session token expired"),
     "AuthorizationHeaderMalformed": (CREDENTIALS, "the request was signed for another region "
-                                                  "than the bucket's (spec.checkpoint.region)"),
+                                                  "than the bucket's: set spec.checkpoint.region"),
     "AccessDenied": (ACCESS_DENIED, "the credentials may not do this: grant {permission} on "
                                     "the bucket and prefix"),
     "AllAccessDisabled": (ACCESS_DENIED, "all access to the bucket is disabled"),
@@ -170,15 +172,14 @@ _PERMISSIONS = {"list": "s3:ListBucket", "write": "s3:PutObject", "read": "s3:Ge
                 "save": "s3:PutObject, s3:GetObject, s3:ListBucket and s3:DeleteObject"}
 # botocore's names of where credentials came from (Credentials.method).
 _SOURCES = {
-    "env": "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-           "(spec.checkpoint.credentialsSecret)",
+    "env": "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
     "shared-credentials-file": "the shared credentials file",
     "config-file": "the AWS config file",
     "explicit": "explicit keys",
-    "assume-role-with-web-identity": "a web identity token (IRSA: AWS_ROLE_ARN, "
-                                     "AWS_WEB_IDENTITY_TOKEN_FILE)",
+    "assume-role-with-web-identity": "a web identity token, AWS_ROLE_ARN and "
+                                     "AWS_WEB_IDENTITY_TOKEN_FILE (IRSA)",
     "container-role": "the container credentials endpoint (EKS Pod Identity)",
-    "iam-role": "instance metadata (the node's IAM role)",
+    "iam-role": "instance metadata: the node's IAM role",
 }
 _STATIC = frozenset({"env", "shared-credentials-file", "config-file", "explicit"})
 
@@ -219,8 +220,8 @@ def describe_access(storage: S3Storage) -> str:
     endpoint = storage.client.meta.endpoint_url
     creds = _credentials(storage.client)
     if creds is None:
-        who = ("no credentials found (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the "
-               "shared credentials file, a web identity token and instance metadata)")
+        who = ("no credentials found: looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the "
+               "shared credentials file, a web identity token and instance metadata")
     else:
         method = str(getattr(creds, "method", "") or "unknown")
         source = _SOURCES.get(method, method)
