@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from elastrain_trainer.checkpoint import CheckpointStorage
 from elastrain_trainer.checkpoint.local import LocalStorage
@@ -74,3 +76,11 @@ def trainer_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
 
 def subprocess_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **extra}
+
+
+def load_checkpoint(root: Path, step: int, out: Path) -> dict[str, Any]:
+    """A committed DCP checkpoint as one plain (unsharded) state dict."""
+    path = out / f"{root.parent.name}-step{step}.pt"
+    dcp_to_torch_save(root / f"step-{step:08d}", path)
+    state: dict[str, Any] = torch.load(path, weights_only=False)
+    return state

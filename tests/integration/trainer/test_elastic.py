@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from elastrain_trainer.local import LocalCluster
 from elastrain_trainer.summary import loss_curve, summarize
 
-from .conftest import trainer_env
+from .conftest import load_checkpoint, trainer_env
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 STEPS = 24
@@ -40,14 +39,6 @@ def run_cluster(tmp: Path, env: dict[str, str], nodes: tuple[int, int], workers:
 
 def records(cluster: LocalCluster) -> list[dict[str, Any]]:
     return [r for _, r in cluster.records]
-
-
-def load_checkpoint(root: Path, step: int, out: Path) -> dict[str, Any]:
-    """A committed DCP checkpoint as one plain (unsharded) state dict."""
-    path = out / f"step{step}.pt"
-    dcp_to_torch_save(root / f"step-{step:08d}", path)
-    state: dict[str, Any] = torch.load(path, weights_only=False)
-    return state
 
 
 def assert_identical(a: Any, b: Any, where: str = "") -> None:

@@ -17,7 +17,7 @@ from elastrain_trainer.checkpoint import manifest as mf
 from elastrain_trainer.checkpoint.s3 import S3Storage
 from elastrain_trainer.events import parse_line
 
-from .conftest import make_s3_storage, s3_env, subprocess_env, trainer_env
+from .conftest import load_checkpoint, make_s3_storage, s3_env, subprocess_env, trainer_env
 from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,7 +32,8 @@ def run_trainer(env: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
 
 
 def test_fp16_run_resumes_with_its_grad_scaler(tmp_path: Path) -> None:
-    env = trainer_env(tmp_path, precision="fp16", steps="6", checkpoint_interval_steps="3")
+    env = trainer_env(tmp_path / "resumed", precision="fp16", steps="6",
+                      checkpoint_interval_steps="3")
     _, first = run_trainer(env)
     _, second = run_trainer({**env, "ELASTRAIN_STEPS": "9"})
     resumed = next(r for r in second if r["event"] == "resumed")
@@ -40,8 +41,17 @@ def test_fp16_run_resumes_with_its_grad_scaler(tmp_path: Path) -> None:
     steps = [r for r in first + second if r["event"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 10))
     assert all(math.isfinite(r["loss"]) for r in steps)
-    meta = json.loads((tmp_path / "ckpt" / "step-00000009" / "manifest.json").read_text())
+    meta = json.loads((tmp_path / "resumed" / "ckpt" / "step-00000009" / "manifest.json")
+                      .read_text())
     assert meta["step"] == 9
+    # The same 9 steps in one go: the scaler's state (scale and the growth tracker, which counts
+    # steps since the scale last changed) must come out identical only if the resume restored it.
+    run_trainer(trainer_env(tmp_path / "straight", precision="fp16", steps="9",
+                            checkpoint_interval_steps="3"))
+    scaler = {run: load_checkpoint(tmp_path / run / "ckpt", 9, tmp_path)["trainer"]["scaler"]
+              for run in ("resumed", "straight")}
+    assert scaler["straight"]["_growth_tracker"] > 3, scaler  # more than the steps after resume
+    assert scaler["resumed"] == scaler["straight"]
 
 
 @pytest.mark.s3
