@@ -3,10 +3,10 @@
 `diagnose()` turns an exception from a CheckpointStorage call into a StorageProblem: a bounded
 `kind` (a metric label), whether waiting can fix it, and one line that says what is wrong, then
 on which operation and key (bucket and key, or directory), at which endpoint and with which
-credentials. The start-up check
-(precheck.py) and the CheckpointManager's failed saves both report it in /progress, where the
-operator reads it into the CheckpointsFailing condition. S3 errors are read by checkpoint.s3 (the
-only module that knows botocore); file:// errors are OSErrors.
+credentials. The start-up check (precheck.py) and the CheckpointManager's failed saves both
+report it in /progress, where the operator reads it into the CheckpointsFailing condition. S3
+errors are read by checkpoint.s3 (the only module that knows botocore); file:// errors are
+OSErrors.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ def diagnose(storage: CheckpointStorage, error: BaseException, *, action: str,
     storage's root; the root itself when empty)."""
     where = join(storage.uri, key) if key else storage.uri
     if storage.uri.startswith("s3://"):
-        from elastrain_trainer.checkpoint import s3
+        from elastrain_trainer.checkpoint import s3  # boto3 only where s3:// is used
 
-        assert isinstance(storage, s3.S3Storage)
-        why = s3.explain(storage, error, action)
-        context = s3.describe_access(storage)
+        if isinstance(storage, s3.S3Storage):
+            why, context = s3.explain(storage, error, action), s3.describe_access(storage)
+        else:
+            why, context = explain_os_error(error), "custom storage"
     else:
-        why = explain_os_error(error)
-        context = f"as uid {os.getuid()}"
+        why, context = explain_os_error(error), f"as uid {os.getuid()}"
     # The reason first: the launcher's one-line crash reason keeps only its beginning.
     message = f"{why.reason} (on {action} {where}; {context})"
     if len(message) > MAX_MESSAGE:
