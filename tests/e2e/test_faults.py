@@ -51,7 +51,10 @@ def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_excepti
     assert status["restarts"] == 2 and status.get("preemptions", 0) == 0, status
     assert [x["kind"] for x in status["recentLosses"]] == ["Failed", "Failed"]
     assert all("InjectedCrash" in x["reason"] for x in status["recentLosses"])
-    assert event_reasons(k, ns, "crashy").count("WorkerFailed") == 2
+    events = k.json("get", "events", "-n", ns, "--field-selector",
+                    "involvedObject.name=crashy,reason=WorkerFailed")["items"]
+    crashes = [e for e in events if "InjectedCrash: injected crash at step 6" in e["message"]]
+    assert len(crashes) == 2, [e["message"] for e in events]
 
 
 def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
