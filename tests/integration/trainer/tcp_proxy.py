@@ -1,14 +1,20 @@
-"""A TCP proxy the test controls: cut it to make the object store unreachable, then heal it.
+"""A TCP proxy the test controls: cut it to make the object store unreachable, then heal it;
+or hold it, to keep requests from reaching the store until it is released.
 
 Cutting closes the listener and every open connection, so clients see refused and reset
-connections, as they would when the server's node disappears.
+connections, as they would when the server's node disappears. Holding keeps every connection
+open and parks each request that arrives (its request line is kept in `held`), so a checkpoint
+save that starts meanwhile is provably in flight, and stays so, until `release()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
+
+REQUEST_LINE = re.compile(rb"^(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/1\.1")
 
 
 class TcpProxy:
@@ -18,6 +24,9 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self.held: list[str] = []  # "METHOD path" of each request that arrived while held
 
     @property
     def endpoint(self) -> str:
@@ -47,6 +56,29 @@ class TcpProxy:
     def heal(self) -> None:
         self.start()
 
+    def hold(self) -> None:
+        with self._lock:
+            self.held = []
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
+    def _requests(self, src: socket.socket, dst: socket.socket) -> None:
+        """Client to store, parking whatever arrives while held."""
+        try:
+            while data := src.recv(65536):
+                if not self._flowing.is_set():
+                    if (line := REQUEST_LINE.match(data)) is not None:
+                        with self._lock:
+                            self.held.append(line.group(0).decode().removesuffix(" HTTP/1.1"))
+                    self._flowing.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(src, dst)
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -64,8 +96,8 @@ class TcpProxy:
                     upstream.close()
                     return
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -75,6 +107,10 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        _close(src, dst)
+
+
+def _close(*sockets: socket.socket) -> None:
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ import torch
 from elastrain_trainer.local import LocalCluster
 from elastrain_trainer.summary import loss_curve, summarize
 
-from .conftest import load_checkpoint, trainer_env
+from .conftest import load_checkpoint, make_s3_storage, s3_env, trainer_env
+from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 STEPS = 24
@@ -111,6 +114,87 @@ def test_sigkill_of_a_worker_recovers_within_the_checkpoint_interval(tmp_path: P
     assert summary.resumes >= 1
     assert all(lost <= interval for lost in summary.lost_per_resume), summary
     assert summary.world_sizes[-1] == 1, summary
+
+
+STEP_DIR = re.compile(r"/step-(\d{8})/")
+
+
+def held_save(proxy: TcpProxy) -> int | None:
+    """The step of the save whose requests the held proxy parked, once there are any."""
+    steps = {int(m[1]) for line in list(proxy.held) if (m := STEP_DIR.search(line)) is not None}
+    assert len(steps) <= 1, f"requests of more than one save held: {proxy.held}"
+    return steps.pop() if steps else None
+
+
+def wait_until(what: str, probe: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := probe()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.s3
+def test_sigkill_during_an_async_save_loses_at_most_one_interval_in_seconds(
+        s3_credentials: Any, tmp_path: Path) -> None:
+    """The default checkpoint settings (async saves, an interval in seconds) with a save in
+    flight when the SIGKILL lands: the in-flight save never counts, the job resumes from the
+    newest committed one, and the steps lost are at most one interval's plus those trained
+    while the lost save was uploading."""
+    interval = 2
+    s3 = s3_credentials
+    host, port = s3.endpoint_url.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    storage = make_s3_storage(s3)
+    env = {**trainer_env(tmp_path, steps="60", step_sleep_seconds="0.15",
+                         checkpoint_interval_seconds=str(interval), checkpoint_uri=storage.uri,
+                         checkpoint_endpoint=proxy.endpoint), **s3_env(s3)}
+    assert "ELASTRAIN_CHECKPOINT_ASYNC" not in env  # the default: async saves
+    kill: dict[str, Any] = {}
+
+    def kill_mid_save(cluster: LocalCluster) -> None:
+        assert cluster.wait_for(lambda rs: any(r["event"] == "checkpoint_saved"
+                                               for _, r in rs), RUN_TIMEOUT)
+        # The next save is due `interval` seconds after the last one started: park its first
+        # request (the coordinator's), so that it cannot commit before the kill lands.
+        proxy.hold()
+        step = wait_until("the next save's first request", lambda: held_save(proxy))
+        kill.update(time=time.time(), in_flight=step, held=list(proxy.held),
+                    records=[r for _, r in cluster.records])
+        cluster.kill(cluster.agents[1])
+        proxy.release()
+
+    try:
+        cluster, codes = run_cluster(tmp_path, env, (1, 2), workers=2, script=kill_mid_save)
+    finally:
+        proxy.release()
+        proxy.cut()
+        storage.delete(storage.list())
+    recs = records(cluster)
+    summary = summarize(recs)
+    assert summary.finished, codes
+    assert codes["agent-0"] == 0, codes
+    before = kill["records"]
+    committed = max(r["step"] for r in before if r["event"] == "checkpoint_saved")
+    in_flight = kill["in_flight"]
+    assert in_flight > committed
+    resumed = [r for r in recs if r["event"] == "resumed"]
+    assert resumed and resumed[0]["step"] == committed, (in_flight, committed, resumed)
+    saved = {r["step"] for r in recs if r["event"] == "checkpoint_saved"
+             and r["time"] <= resumed[0]["time"]}
+    assert in_flight not in saved, (in_flight, saved)
+    steps = {r["step"]: r["time"] for r in recs if r["event"] == "step"
+             and r["time"] <= resumed[0]["time"]}
+    last = max(steps)  # the last step trained before the fault
+    assert summary.lost_per_resume[0] == last - committed, summary
+    step_s = max(steps[s] - steps[s - 1] for s in steps if s - 1 in steps)
+    # The lost save started at the first step boundary once `interval` seconds had passed...
+    assert steps[in_flight] - steps[committed] <= interval + step_s, (steps, committed, in_flight)
+    # ...so what is lost is one interval plus the steps trained while it was uploading.
+    lost_s = steps[last] - steps[committed]
+    assert lost_s <= interval + step_s + (kill["time"] - steps[in_flight]), (lost_s, kill)
+    print(f"committed {committed}, in flight {in_flight}, last trained {last}: "
+          f"{last - committed} steps ({lost_s:.2f} s) lost with a {interval} s interval")
 
 
 def test_fsdp_two_one_two_workers_reshards_and_loss_stays_on_the_reference_curve(
