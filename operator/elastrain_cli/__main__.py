@@ -62,15 +62,28 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("-n", "--namespace", default="default")
     describe.add_argument("--kubeconfig", default=None)
 
-    operator = sub.add_parser("operator", help="run the operator (arguments pass through)")
-    operator.add_argument("args", nargs=argparse.REMAINDER)
+    # Every argument after `operator` is the operator's own (argparse.REMAINDER cannot pass
+    # options such as --standalone through a subparser): see parse().
+    sub.add_parser("operator", add_help=False,
+                   help="run the operator; its options pass through (elastrain operator --help)")
 
     sub.add_parser("crds", help="print the TrainingJob CRD")
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; `operator` gets every argument after it in `args.args`, unparsed."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "operator":
+        args.args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         if args.command == "run":
             text, origin = _job_source(args.job)

@@ -169,5 +169,5 @@ def describe(name: str, namespace: str, kubeconfig: str | None) -> int:
 def operator(args: list[str]) -> int:
     from elastrain_operator.__main__ import main as operator_main
 
-    result: Any = operator_main(args)
+    result: Any = operator_main(args, prog="elastrain operator")
     return int(result or 0)

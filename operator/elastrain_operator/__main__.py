@@ -21,8 +21,8 @@ import kopf
 from elastrain_operator.startup import OperatorState, RuntimeOptions
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m elastrain_operator",
+def build_parser(prog: str = "python -m elastrain_operator") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog,
                                      description="Run the elastrain TrainingJob operator.")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[],
@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_operator") -> int:
+    args = build_parser(prog).parse_args(argv)
     import elastrain_operator.handlers  # noqa: F401  (registers the handlers with kopf)
 
     clusterwide = args.all_namespaces or not args.namespace
