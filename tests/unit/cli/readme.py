@@ -3,7 +3,8 @@ tests run exactly what a new user would type.
 
 A command is `elastrain ...`, `python -m <module> ...` (or python3) or `python3 hack/<script>.py
 ...`, up to the end of its code span, a `#` comment or a closing quote; commands inside comments
-count too (`# or: elastrain operator ...`).
+count too (`# or: elastrain operator ...`). `elastrain <command>` alone mentions the command
+("`elastrain describe` too") rather than giving a command line to run.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def documented_commands(markdown: str | None = None) -> list[list[str]]:
             if len(argv) > 1 and argv not in commands:
                 commands.append(argv)
     return commands
+
+
+def is_mention(argv: list[str]) -> bool:
+    return argv[0] == "elastrain" and len(argv) == 2
 
 
 def executable(argv: list[str]) -> list[str]:
