@@ -15,7 +15,9 @@ from typing import Any
 
 STRATEGIES = ("ddp", "fsdp")
 MODELS = ("gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b")
-DATASETS = ("synthetic", "text")
+DATASETS = ("synthetic", "text")  # built in; anything else is a token file's file:// or s3:// URI
+DATASET_FORMATS = ("nanogpt", "llmc")
+BYTE_VOCAB_SIZE = 256  # the built-in datasets are bytes
 SCHEDULES = ("cosine", "wsd")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENV_PREFIX = "ELASTRAIN_"
@@ -34,6 +36,13 @@ class TrainerConfig:
     strategy: str = "ddp"
     model: str = "gpt-tiny"
     dataset: str = "synthetic"
+    # Token files: nanogpt (headerless uint16) or llmc (header; uint16 or uint32 tokens).
+    dataset_format: str = "nanogpt"
+    # The model's vocabulary; must exceed every token id of the dataset.
+    vocab_size: int = BYTE_VOCAB_SIZE
+    # Not part of the operator contract: a remote token file's sample cache and read-ahead.
+    dataset_cache_bytes: int = 256 << 20
+    dataset_prefetch_steps: int = 2
     steps: int = 100
     seq_len: int = 128
     global_batch_size: int = 8
@@ -71,14 +80,21 @@ class TrainerConfig:
             object.__setattr__(self, "checkpoint_uri", f"file://./checkpoints/{self.job_name}")
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("model", self.model, MODELS)
-        _check_choice("dataset", self.dataset, DATASETS)
+        _check("dataset", self.dataset in DATASETS or is_token_file_uri(self.dataset),
+               f"={self.dataset!r} must be one of {', '.join(DATASETS)} or the URI of a token "
+               "file (file://path or s3://bucket/key)")
+        _check_choice("dataset_format", self.dataset_format, DATASET_FORMATS)
+        _check("vocab_size", self.vocab_size >= 2, "must be >= 2")
+        _check("vocab_size", self.dataset not in DATASETS or self.vocab_size >= BYTE_VOCAB_SIZE,
+               f"must be >= {BYTE_VOCAB_SIZE} for the byte-level dataset {self.dataset}")
         _check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         for name in ("steps", "seq_len", "global_batch_size", "micro_batch_size",
                      "checkpoint_keep"):
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("warmup_steps", "checkpoint_interval_steps", "checkpoint_interval_seconds",
-                     "checkpoint_wait_seconds", "max_grad_norm", "spike_factor", "weight_decay",
+                     "checkpoint_wait_seconds", "dataset_cache_bytes", "dataset_prefetch_steps",
+                     "max_grad_norm", "spike_factor", "weight_decay",
                      "step_sleep_seconds"):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
         _check("lr", self.lr > 0, "must be > 0")
@@ -116,6 +132,14 @@ class TrainerConfig:
             value = getattr(self, f.name)
             out[env_name(f.name)] = str(int(value)) if isinstance(value, bool) else str(value)
         return out
+
+
+def is_token_file_uri(uri: str) -> bool:
+    """file://<path> or s3://<bucket>/<key>."""
+    if uri.startswith("file://"):
+        return len(uri) > len("file://")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return uri.startswith("s3://") and bool(bucket) and bool(key)
 
 
 def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:

@@ -4,16 +4,21 @@ The sample order is a function of (seed, global index) only. Step s consumes the
 indices [samples_seen, samples_seen + global_batch), so a resumed run (at any world size)
 sees exactly the samples an uninterrupted run would have seen; the data position saved
 in a checkpoint is just `samples_seen`.
+
+ELASTRAIN_DATASET is `synthetic`, `text` (both bytes, vocabulary 256) or the URI of a token file
+(file:// or s3://, format ELASTRAIN_DATASET_FORMAT; see elastrain_trainer.tokenfiles).
 """
 
 from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
+from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.presets import VOCAB_SIZE
 
 # Large odd multiplier so neighbouring (seed, index) pairs give unrelated generator seeds.
@@ -35,6 +40,9 @@ class Dataset(Protocol):
 
     def epoch_of(self, index: int) -> int: ...
 
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """A hint: these samples (and the same slots of the next batches) are read next."""
+
 
 class SyntheticDataset:
     """Arithmetic byte sequences (start, stride drawn per sample): learnable and deterministic."""
@@ -53,6 +61,9 @@ class SyntheticDataset:
 
     def epoch_of(self, index: int) -> int:
         return 0
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        return None
 
 
 class TextDataset:
@@ -80,6 +91,9 @@ class TextDataset:
     def epoch_of(self, index: int) -> int:
         return index // self.windows
 
+    def prefetch(self, indices: Sequence[int]) -> None:
+        return None
+
 
 @functools.lru_cache(maxsize=1)
 def generated_corpus(size: int = 1 << 18) -> bytes:
@@ -95,12 +109,18 @@ def generated_corpus(size: int = 1 << 18) -> bytes:
     return "".join(parts).encode()[:size]
 
 
-def build_dataset(name: str, seq_len: int, seed: int) -> Dataset:
-    if name == "synthetic":
-        return SyntheticDataset(seq_len, seed)
-    if name == "text":
-        return TextDataset(seq_len, seed)
-    raise ValueError(f"ELASTRAIN_DATASET={name!r} must be synthetic or text")
+def build_dataset(cfg: TrainerConfig) -> Dataset:
+    """The dataset cfg names, opened and validated (a token file's errors name the file)."""
+    if cfg.dataset == "synthetic":
+        return SyntheticDataset(cfg.seq_len, cfg.seed)
+    if cfg.dataset == "text":
+        return TextDataset(cfg.seq_len, cfg.seed)
+    from elastrain_trainer.tokenfiles import open_token_dataset
+    return open_token_dataset(
+        cfg.dataset, cfg.dataset_format, seq_len=cfg.seq_len, seed=cfg.seed,
+        vocab_size=cfg.vocab_size, global_batch_size=cfg.global_batch_size,
+        endpoint=cfg.checkpoint_endpoint, cache_bytes=cfg.dataset_cache_bytes,
+        prefetch_steps=cfg.dataset_prefetch_steps)
 
 
 def micro_batch_indices(start: int, micro: int, world: int, rank: int, k: int) -> range:
@@ -115,5 +135,6 @@ def micro_batch_indices(start: int, micro: int, world: int, rank: int, k: int) -
 
 def make_batch(dataset: Dataset, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) of shape [len(indices), seq_len]."""
+    dataset.prefetch(indices)
     rows = torch.stack([dataset.sample(i) for i in indices])
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -8,6 +8,7 @@ fp32, and shrink to the layer inputs plus one live layer with activation checkpo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from elastrain_trainer.config import TrainerConfig
@@ -56,7 +57,7 @@ def estimate(config: TrainerConfig, world_size: int) -> MemoryEstimate:
     """Per-rank memory of `config` at `world_size` ranks."""
     if world_size < 1:
         raise ValueError("world size must be >= 1")
-    shape = PRESETS[config.model]
+    shape = dataclasses.replace(PRESETS[config.model], vocab_size=config.vocab_size)
     n = count_parameters(shape, config.seq_len)
     shard = world_size if config.strategy == "fsdp" else 1
     params, grads, optim = 4 * n // shard, 4 * n // shard, 8 * n // shard

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elastrain_trainer.presets import PRESETS, GPTShape
+from elastrain_trainer.presets import PRESETS, VOCAB_SIZE, GPTShape
 
 
 class Block(nn.Module):
@@ -61,9 +63,9 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def build_model(name: str, seq_len: int) -> GPT:
-    """The preset `name` for sequences of up to `seq_len` tokens."""
-    return GPT(PRESETS[name], seq_len)
+def build_model(name: str, seq_len: int, vocab_size: int = VOCAB_SIZE) -> GPT:
+    """The preset `name` for sequences of up to `seq_len` tokens of a `vocab_size` vocabulary."""
+    return GPT(dataclasses.replace(PRESETS[name], vocab_size=vocab_size), seq_len)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ def run(cfg: TrainerConfig) -> int:
     stop = StopAgreement().install()
 
     t = build_objects(cfg, denv)
-    dataset = build_dataset(cfg.dataset, cfg.seq_len, cfg.seed)
+    dataset = build_dataset(cfg)
     manager = CheckpointManager(open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint),
                                 keep=cfg.checkpoint_keep, async_save=cfg.checkpoint_async,
                                 process_group=groups.checkpoint,
@@ -129,7 +129,7 @@ def build_objects(cfg: TrainerConfig, denv: DistEnv) -> TrainObjects:
     """Model (wrapped), optimizer, schedule, scaler and guard, initialised identically on all
     ranks from the seed."""
     torch.manual_seed(cfg.seed)
-    model = wrap_model(build_model(cfg.model, cfg.seq_len), cfg, denv)
+    model = wrap_model(build_model(cfg.model, cfg.seq_len, cfg.vocab_size), cfg, denv)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
