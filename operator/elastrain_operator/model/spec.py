@@ -30,6 +30,10 @@ MAX_WORKERS = 1024
 # s3://<bucket>[/<prefix>] (S3 bucket naming rules) or file://<path>.
 CHECKPOINT_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+)$"
 CHECKPOINT_URI_MESSAGE = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] or file://<path>"
+# A built-in dataset, or a token file: s3://<bucket>/<key> or file://<path> (in the worker).
+DATASET = r"^(synthetic|text|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+|file://.+)$"
+DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or a token file at "
+                   "s3://<bucket>/<key> or file://<path>")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
             r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -113,7 +117,21 @@ class TrainerSpec(ApiModel):
 
     model: Literal["gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b"] = Field(
         default="gpt-tiny", json_schema_extra=k8s(immutable("spec.trainer.model")))
-    dataset: Literal["synthetic", "text"] = "synthetic"
+    dataset: str = Field(
+        default="synthetic", max_length=1024,
+        description="synthetic or text (bytes, built in), or the URI of a token file read by "
+                    "ranged GETs (s3://, credentials and endpoint as for checkpoints) or a "
+                    "memory map (file://)",
+        json_schema_extra=k8s(cel(f"self.matches('{DATASET}')", DATASET_MESSAGE)))
+    dataset_format: Literal["nanogpt", "llmc"] = Field(
+        default="nanogpt",
+        description="A token file's layout: nanogpt (headerless uint16, train.bin) or llmc "
+                    "(256 x int32 header, magic 20240520; uint16 or, version 2, uint32 tokens)")
+    vocab_size: int = Field(
+        default=256, ge=2, le=1_048_576,
+        description="The model's vocabulary; must exceed every token id in the dataset "
+                    "(at least 256 for synthetic and text)",
+        json_schema_extra=k8s(immutable("spec.trainer.vocabSize")))
     steps: int = Field(default=100, ge=1, le=10_000_000)
     seq_len: int = Field(default=128, ge=8, le=65_536,
                          json_schema_extra=k8s(immutable("spec.trainer.seqLen")))
@@ -131,6 +149,15 @@ class TrainerSpec(ApiModel):
     max_grad_norm: float = Field(default=1.0, ge=0)
     spike_factor: float = Field(default=0.0, ge=0)
     seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _dataset_shape(self) -> TrainerSpec:
+        if not re.match(DATASET, self.dataset):
+            raise ValueError(DATASET_MESSAGE)
+        if self.dataset in ("synthetic", "text") and self.vocab_size < 256:
+            raise ValueError("spec.trainer.vocabSize must be at least 256 for the byte-level "
+                             f"dataset {self.dataset}")
+        return self
 
 
 class SecretKeyRefs(ApiModel):

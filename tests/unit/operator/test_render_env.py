@@ -59,6 +59,7 @@ def test_trainer_env_is_the_documented_contract() -> None:
     assert env == {
         "ELASTRAIN_JOB_NAME": "demo", "ELASTRAIN_STRATEGY": "fsdp",
         "ELASTRAIN_MODEL": "gpt-small", "ELASTRAIN_DATASET": "synthetic",
+        "ELASTRAIN_DATASET_FORMAT": "nanogpt", "ELASTRAIN_VOCAB_SIZE": "256",
         "ELASTRAIN_STEPS": "50", "ELASTRAIN_SEQ_LEN": "128",
         "ELASTRAIN_GLOBAL_BATCH_SIZE": "8", "ELASTRAIN_MICRO_BATCH_SIZE": "2",
         "ELASTRAIN_LR": "0.001", "ELASTRAIN_MIN_LR": "3e-05", "ELASTRAIN_WARMUP_STEPS": "10",
@@ -104,3 +105,10 @@ def test_default_command_runs_the_builtin_trainer_under_torchrun() -> None:
     assert render_command(spec()) == ["python", "-m", "elastrain_trainer.launch", "-m",
                                       "elastrain_trainer"]
     assert render_command(spec(command=["python", "train.py"])) == ["python", "train.py"]
+
+
+def test_a_token_file_dataset_passes_through_with_its_format_and_vocabulary() -> None:
+    env = render_trainer_env(spec(trainer={"dataset": "s3://corpus/fineweb/train_000.bin",
+                                           "datasetFormat": "llmc", "vocabSize": 50304}), "j")
+    assert (env["ELASTRAIN_DATASET"], env["ELASTRAIN_DATASET_FORMAT"],
+            env["ELASTRAIN_VOCAB_SIZE"]) == ("s3://corpus/fineweb/train_000.bin", "llmc", "50304")
