@@ -1,0 +1,369 @@
+"""Bring your own training script: what the built-in trainer does, for a plain torchrun script.
+
+    from elastrain_trainer.api import Session, init_distributed, run
+
+    def main() -> None:
+        env = init_distributed()                       # torchrun's env -> process group
+        model = DDP(Net().to(env.device))
+        optimizer = torch.optim.AdamW(model.parameters())
+        with Session(model=model, optimizer=optimizer) as session:   # resumes, if it can
+            for step in session.steps():               # from the resumed step to ELASTRAIN_STEPS
+                loss = train_one_step(step)             # the batch of `step`, on every rank
+                session.report(loss=loss.item())
+
+    if __name__ == "__main__":
+        run(main)                                      # crash accounting, elastic exit codes
+
+The session is the built-in trainer's machinery, not a copy: it reads the same ELASTRAIN_*
+settings (TrainerConfig; the operator renders them from spec.checkpoint, spec.trainer.steps and
+spec.metricsPort), checks the checkpoint location at start (checkpoint.precheck), loads the
+newest committed checkpoint through CheckpointManager at any world size (DCP state dicts of every
+keyword given to Session: modules, optimizers and anything with state_dict/load_state_dict),
+saves every checkpoint.intervalSteps/intervalSeconds (async), serves /progress and /metrics, and
+turns a SIGTERM on any rank into one save of the same step on every rank (signals.StopAgreement).
+After that stop, `steps()` ends early and leaving the `with` block ends the process with the
+code the elastic protocol needs (0 on the signalled rank, EXIT_RESTART on survivors): code after
+the block runs only when training finished. `run(main)` is faults.guard_main, so a crash is
+counted by the operator with its exception quoted, and a lost peer restarts in place.
+
+Randomness is the script's: draw each step's batch from (seed, step) as the example does, and a
+resumed run trains exactly what an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, NoReturn, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from elastrain_trainer import fault_injection, metrics
+from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
+from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
+from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.events import emit
+from elastrain_trainer.faults import guard_main
+from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
+from elastrain_trainer.parallel import init_distributed as _init_all
+from elastrain_trainer.signals import StopAgreement
+from elastrain_trainer.train import should_checkpoint
+
+__all__ = ["DistEnv", "Session", "init_distributed", "run"]
+
+# The session's own entry in the checkpoint (the step counter); users may not take this name.
+PROGRESS_KEY = "elastrain"
+_groups: Groups | None = None
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class ModelState:
+    """A module (plain, DDP or FSDP2) as DCP sees it: fully qualified names without a wrapper's
+    `module.` prefix and sharded tensors as DTensors, so it loads at any world size."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState:
+    """An optimizer's state keyed by parameter names of its model (not by position)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state_dict)
+
+
+@dataclasses.dataclass
+class Progress:
+    step: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+
+
+def build_state(objects: Mapping[str, object]) -> dict[str, Stateful]:
+    """What to checkpoint, by the names the user gave: modules and optimizers through torch's
+    distributed state-dict helpers, anything else by its own state_dict/load_state_dict.
+
+    An optimizer's parameters are named after the one module of the session; with several
+    modules, wrap them in one nn.Module (or pass the optimizer's Stateful yourself)."""
+    if PROGRESS_KEY in objects:
+        raise ValueError(f"Session(...): {PROGRESS_KEY!r} is reserved for the session's step")
+    modules = [o for o in objects.values() if isinstance(o, nn.Module)]
+    state: dict[str, Stateful] = {}
+    for name, obj in objects.items():
+        if isinstance(obj, nn.Module):
+            state[name] = ModelState(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            if len(modules) != 1:
+                raise ValueError(f"Session({name}=optimizer) needs exactly one nn.Module beside "
+                                 f"it to name its parameters; got {len(modules)}")
+            state[name] = OptimizerState(modules[0], obj)
+        elif isinstance(obj, Stateful):
+            state[name] = obj
+        else:
+            raise ValueError(f"Session({name}=...): a {type(obj).__name__} has no "
+                             "state_dict()/load_state_dict(); cannot checkpoint it")
+    return state
+
+
+def build_sidecar(step: int, loss: float | None, world_size: int, job_name: str) -> dict[str, Any]:
+    """The checkpoint's small JSON beside the shards (read without torch)."""
+    return {"step": step, "loss": loss, "world_size": world_size, "job_name": job_name,
+            "hostname": socket.gethostname(), "torch_version": torch.__version__,
+            "time": time.time(), "source": "elastrain_trainer.api"}
+
+
+def init_distributed() -> DistEnv:
+    """Join torchrun's process group (gloo on CPU, NCCL for CUDA tensors) unless the script
+    already did; returns where this process sits (rank, world_size, local_rank, device).
+    Outside torchrun it is a world of one."""
+    global _groups
+    denv = read_dist_env(os.environ)
+    if not dist.is_initialized():
+        _groups = _init_all(denv)
+    elif _groups is None:
+        # The script made its own default group: the session's small collectives get gloo
+        # groups of their own (async DCP saves need gloo, and a thread of their own).
+        control = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        checkpoint = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        assert isinstance(control, dist.ProcessGroup)
+        assert isinstance(checkpoint, dist.ProcessGroup)
+        _groups = Groups(control, checkpoint)
+    return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
+
+
+class Session:
+    """Resume, periodic and SIGTERM checkpoints, and progress for one training run.
+
+    Every rank creates it with the same objects and iterates `steps()` in lockstep (the
+    boundary of each step is a small collective). `steps` overrides ELASTRAIN_STEPS;
+    `config` overrides reading TrainerConfig from the environment.
+    """
+
+    def __init__(self, *, steps: int | None = None, config: TrainerConfig | None = None,
+                 **objects: object) -> None:
+        cfg = config or TrainerConfig.from_env(os.environ, [])
+        if steps is not None:
+            if steps < 1:
+                raise ValueError(f"Session(steps={steps}): must be >= 1")
+            cfg = dataclasses.replace(cfg, steps=steps)
+        self.config = cfg
+        self.progress = Progress()
+        self.state: dict[str, Stateful] = {**build_state(objects), PROGRESS_KEY: self.progress}
+        self.stopped = False
+        self.exit_code = 0
+        self._loss: float | None = None
+        self._tokens = 0
+        self._entered = False
+        self._resumed: int | None = None
+        self._server: Any = None
+
+    # -- what the loop reads ------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Steps completed (and the index of the next one to train)."""
+        return self.progress.step
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.steps
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The step this run resumed from; None when it started fresh."""
+        return self._resumed
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> Session:
+        cfg = self.config
+        self.denv = init_distributed()
+        assert _groups is not None
+        self._groups = _groups
+        metrics.record_start(cfg.steps, self.denv.world_size, self.denv.restart_count)
+        self._server = self._serve_metrics()
+        ensure_checkpoint_location(cfg, self.denv.local_rank, self._groups.control,
+                                   serving=self._server is not None)
+        self._stop = StopAgreement().install()
+        self.manager = CheckpointManager(
+            open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint), keep=cfg.checkpoint_keep,
+            async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
+            endpoint=cfg.checkpoint_endpoint)
+        self._resumed = self._resume()
+        self._started, self._train_s = time.monotonic(), 0.0
+        self._entered = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None:
+            # A crash or a lost peer: no collective now (a peer may be gone); guard_main decides.
+            self._close_server()
+            return
+        if not self.stopped:
+            self.manager.save(self._request(), blocking=True)
+        self.manager.close()
+        if not self.stopped and self.step >= self.total_steps:
+            if self.denv.is_coordinator:
+                emit("finished", step=self.step, loss=self._last_loss(),
+                     failed_saves=self.manager.failed_saves)
+            if self.denv.local_rank == 0:
+                metrics.write_final_progress()
+        self._close_server()
+        _destroy_process_groups()
+        if self.stopped:
+            raise SystemExit(self.exit_code)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def steps(self) -> Iterator[int]:
+        """Yield the index of each step to train, from the resumed step to the total.
+
+        After each step: progress and metrics, one agreement among ranks (stop? interval in
+        seconds due? upload busy?), then a save when due. Ends early after a stop's save."""
+        if not self._entered:
+            raise RuntimeError("Session.steps() outside `with Session(...) as session:`")
+        fresh = self.step == 0
+        last_save = time.monotonic()
+        while self.step < self.total_steps and not self.stopped:
+            self._loss, self._tokens = None, 0
+            t0 = time.monotonic()
+            yield self.step
+            self.progress.step += 1
+            self._record(time.monotonic() - t0)
+            fault_injection.after_step(self.step, self.denv.rank, fresh=fresh)
+            if self.config.step_sleep_seconds:
+                time.sleep(self.config.step_sleep_seconds)
+            if self._boundary(time.monotonic() - last_save):
+                last_save = time.monotonic()
+            self.manager.poll()
+
+    def report(self, *, loss: float | None = None, tokens: int = 0) -> None:
+        """This step's loss (the mean over ranks, ideally) and tokens, for logs and /progress."""
+        self._loss = None if loss is None else float(loss)
+        self._tokens = tokens
+
+    # -- internals -------------------------------------------------------------------------
+    def _boundary(self, since_save: float) -> bool:
+        """Agree on stop and saves; True when a periodic save started."""
+        cfg = self.config
+        time_due = cfg.checkpoint_interval_seconds > 0 and (
+            since_save >= cfg.checkpoint_interval_seconds)
+        stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
+                                                         self.manager.in_flight())
+        if stopping:
+            emit("stopping", rank=self.denv.rank, step=self.step, signalled=self._stop.signalled)
+            self.manager.save(self._request(), blocking=True)
+            self.stopped, self.exit_code = True, self._stop.exit_code()
+            return False
+        if not should_checkpoint(self.step, cfg.checkpoint_interval_steps, time_due):
+            return False
+        if busy:
+            if self.denv.is_coordinator:
+                emit("checkpoint_deferred", step=self.step,
+                     reason="previous upload still in flight")
+            return False
+        self.manager.save(self._request())
+        return True
+
+    def _record(self, duration: float) -> None:
+        self._train_s += duration
+        loss = self._last_loss()
+        metrics.record_step(self.step, math.nan if loss is None else loss, duration,
+                            self._tokens)
+        metrics.record_goodput(self._train_s / max(1e-9, time.monotonic() - self._started))
+        if self.denv.is_coordinator:
+            emit("step", step=self.step, loss=math.nan if loss is None else loss,
+                 step_time=round(duration, 5),
+                 tokens_per_s=round(self._tokens / max(duration, 1e-9), 1),
+                 world_size=self.denv.world_size)
+
+    def _last_loss(self) -> float | None:
+        return self._loss
+
+    def _request(self) -> SaveRequest:
+        sidecar = build_sidecar(self.step, self._loss, self.denv.world_size, self.config.job_name)
+        return SaveRequest(self.step, {k: v.state_dict() for k, v in self.state.items()},
+                           sidecar)
+
+    def _resume(self) -> int | None:
+        loaded = self.manager.load(dict(self.state), self.config.resume_from)
+        if loaded is None:
+            if self.denv.is_coordinator:
+                emit("fresh_start", world_size=self.denv.world_size,
+                     uri=self.manager.storage.uri)
+            return None
+        metrics.record_resumed(self.step)
+        if self.denv.is_coordinator:
+            emit("resumed", step=self.step, uri=loaded.uri, world_size=self.denv.world_size,
+                 saved_world_size=loaded.sidecar.get("world_size"),
+                 restart_count=self.denv.restart_count)
+        return self.step
+
+    def _serve_metrics(self) -> Any:
+        if self.config.metrics_port == 0 or self.denv.local_rank != 0:
+            return None
+        try:
+            return metrics.serve(self.config.metrics_port)
+        except OSError as e:
+            emit("metrics_unavailable", port=self.config.metrics_port, error=str(e))
+            return None
+
+    def _close_server(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+
+def _destroy_process_groups() -> None:
+    global _groups
+    _groups = None
+    dist.destroy_process_group()
+
+
+def run(main: Callable[[], object]) -> NoReturn:
+    """Run a worker's main and exit the way the launcher and the operator read exits: a crash
+    exits 1 with its exception recorded (counted against restartPolicy.maxRestarts), a lost peer
+    EXIT_RESTART (restarted in place, uncounted); an int that main returns is the exit code."""
+    code = guard_main(lambda: _exit_code(main()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A background upload blocked on a dead peer must not keep a failed worker alive.
+    os._exit(code)
+
+
+def _exit_code(result: object) -> int:
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
