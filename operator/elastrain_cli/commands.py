@@ -77,12 +77,18 @@ def _absolute_file_uri(uri: str) -> str:
 def run_local(text: str, origin: str, *, workers: int | None, simulate_preemption: bool,
               out: str | None, checkpoint_uri: str | None, fresh: bool) -> int:
     """Run the job's trainer with torchrun agents on this machine (elastic, c10d, gloo)."""
-    from elastrain_operator.render.env import render_trainer_env
+    from elastrain_operator.render.env import render_command, render_trainer_env
     from elastrain_trainer.local import run_local as start_local
+    from elastrain_trainer.local import worker_entry
     from elastrain_trainer.supervise import RestartBudget
 
     job = parse_job(text, origin)
     spec = job.spec
+    try:
+        # What the pods run (spec.command/args, or the built-in trainer), behind local agents.
+        entry = worker_entry(render_command(spec), spec.args)
+    except ValueError as err:
+        raise UserError(f"{origin}: spec.command: {err}") from err
     out_dir = Path(out or f"runs/{job.metadata.name}").absolute()
     env = render_trainer_env(spec, job.metadata.name)
     # spec.env as the pods get it (valueFrom needs a cluster: secrets and fields stay unset).
@@ -95,8 +101,10 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
     count = workers or spec.replicas
     if not spec.min_replicas <= count <= spec.effective_max_replicas:
         raise UserError(f"--workers {count} is outside [spec.minReplicas, spec.maxReplicas]")
+    what = (f"{spec.strategy}, {spec.trainer.model}" if spec.command is None
+            else " ".join(entry))
     print(f"elastrain: {origin}: {count} local workers (elastic {spec.min_replicas}.."
-          f"{spec.effective_max_replicas}), {spec.strategy}, {spec.trainer.model}, "
+          f"{spec.effective_max_replicas}), {what}, "
           f"{spec.trainer.steps} steps; checkpoints -> {env['ELASTRAIN_CHECKPOINT_URI']}",
           flush=True)
     policy = spec.restart_policy
@@ -104,7 +112,8 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
                            backoff_seconds=policy.backoff_seconds,
                            max_backoff_seconds=policy.max_backoff_seconds)
     result = start_local(env, count, spec.min_replicas, spec.effective_max_replicas, out_dir,
-                         simulate_preemption=simulate_preemption, budget=budget)
+                         simulate_preemption=simulate_preemption, budget=budget, entry=entry,
+                         cwd=_job_dir(origin) if spec.command is not None else None)
     summary = result.summary
     if result.outcome is not None and result.outcome.failed:
         print(f"elastrain: Failed (MaxRestartsExceeded): {result.outcome.failed}", flush=True)
@@ -115,6 +124,13 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
     print(f"elastrain: summary {result.out_dir / 'summary.json'}"
           + (f", loss curve {result.plot_path}" if result.plot_path else ""))
     return 0 if result.ok else 1
+
+
+def _job_dir(origin: str) -> Path:
+    """Where a command's relative paths resolve locally: beside the job file (in a pod, the
+    image's working directory), or here for a job read from stdin or the built-in default."""
+    path = Path(origin)
+    return path.parent.absolute() if path.is_file() else Path.cwd()
 
 
 def _clear_previous_run(out_dir: Path, checkpoint_uri: str) -> None:

@@ -9,6 +9,7 @@ keep-alives, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -16,9 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from elastrain_trainer.events import parse_line
@@ -27,6 +28,10 @@ from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_su
 RDZV_CONF = ("is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,"
              "keep_alive_max_attempt=3")
 Record = dict[str, Any]
+# What a worker runs after the launcher's options: the built-in trainer (the pods' default).
+TRAINER_ENTRY = ("-m", "elastrain_trainer")
+# Modules that are torchrun (`python -m MODULE [torchrun options] script ...`).
+_TORCHRUN_MODULES = ("torch.distributed.run", "elastrain_trainer.launch")
 
 if TYPE_CHECKING:
     from elastrain_trainer.supervise import Outcome, RestartBudget
@@ -50,6 +55,8 @@ class LocalCluster:
     max_nodes: int
     out_dir: Path
     job_id: str = "local"
+    entry: tuple[str, ...] = TRAINER_ENTRY
+    cwd: Path | None = None
     on_record: Callable[[str, Record], None] | None = None
     records: list[tuple[str, Record]] = field(default_factory=list)
     agents: list[Agent] = field(default_factory=list)
@@ -94,9 +101,9 @@ class LocalCluster:
                f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
                f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",
-               "--max-restarts=100", "--monitor-interval=0.5", "-m", "elastrain_trainer"]
+               "--max-restarts=100", "--monitor-interval=0.5", *self.entry]
         log_path = self.out_dir / f"{name}.log"
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, cwd=self.cwd,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         agent = Agent(name, proc, log_path)
         self.agents.append(agent)
@@ -176,25 +183,50 @@ class LocalRunResult:
 
     @property
     def ok(self) -> bool:
-        return (self.summary.finished and all(c is not None for c in self.exit_codes.values())
+        # torchrun exits 0 only once its whole group finished: that is success even for a
+        # script that prints no elastrain records.
+        finished = self.summary.finished or 0 in self.exit_codes.values()
+        return (finished and all(c is not None for c in self.exit_codes.values())
                 and (self.outcome is None or self.outcome.failed is None))
+
+
+def worker_entry(command: Sequence[str], args: Sequence[str] = ()) -> tuple[str, ...]:
+    """What follows the launcher in a pod's command + args: torchrun options, then the script
+    or `-m module` and its arguments. Local agents run it under elastrain's launcher with the
+    local rendezvous flags before it (an option given again in the command wins).
+
+    `torchrun ...`, `python -m torch.distributed.run ...` and `python -m
+    elastrain_trainer.launch ...` are torchrun; ValueError for a command that starts no torchrun
+    (local mode runs every worker as a torchrun agent)."""
+    words = list(command)
+    if words and PurePath(words[0]).name == "torchrun":
+        return (*words[1:], *args)
+    if (len(words) >= 3 and PurePath(words[0]).name.startswith("python") and words[1] == "-m"
+            and words[2] in _TORCHRUN_MODULES):
+        return (*words[3:], *args)
+    raise ValueError(f"command {words!r} does not start torchrun (`torchrun ...` or `python -m "
+                     f"{' | '.join(_TORCHRUN_MODULES)} ...`); local mode runs each worker as a "
+                     "torchrun agent")
 
 
 def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: int,
               out_dir: str | os.PathLike[str], *, simulate_preemption: bool = False,
               preempt_at_step: int | None = None, timeout: float = 3600,
               on_record: Callable[[str, Record], None] | None = None,
-              budget: RestartBudget | None = None) -> LocalRunResult:
+              budget: RestartBudget | None = None, entry: Sequence[str] = TRAINER_ENTRY,
+              cwd: str | os.PathLike[str] | None = None) -> LocalRunResult:
     """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement.
 
     Crashes are counted against `budget` (spec.restartPolicy) and replaced after its backoff;
-    a lost rendezvous store is restarted (elastrain_trainer.supervise)."""
+    a lost rendezvous store is restarted (elastrain_trainer.supervise). `entry` is what each
+    agent runs (worker_entry of the job's command), in `cwd`."""
     from elastrain_trainer.supervise import RestartBudget, Supervisor
 
     out = Path(out_dir)
     env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
     cluster = LocalCluster(env, min_nodes, max_nodes, out,
-                           job_id=env.get("ELASTRAIN_JOB_NAME", "local"),
+                           job_id=env.get("ELASTRAIN_JOB_NAME", "local"), entry=tuple(entry),
+                           cwd=Path(cwd) if cwd is not None else None,
                            on_record=on_record or print_record)
     started = time.monotonic()
     try:
@@ -221,8 +253,9 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
 def print_record(agent: str, r: Record) -> None:
     """Default progress printer: one short line per step and per lifecycle event."""
     if r["event"] == "step":
-        line = (f"[{agent}] step {r['step']:>5}  loss {r['loss']:.4f}  world {r['world_size']}  "
-                f"{r['tokens_per_s']:.0f} tok/s")
+        loss = r.get("loss")
+        line = (f"[{agent}] step {r['step']:>5}  loss {math.nan if loss is None else loss:.4f}  "
+                f"world {r.get('world_size')}  {r.get('tokens_per_s') or 0:.0f} tok/s")
     else:
         fields = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("event", "time"))
         line = f"[{agent}] {r['event']} {fields}"
