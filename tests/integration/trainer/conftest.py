@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from elastrain_trainer.checkpoint import CheckpointStorage
+from elastrain_trainer.checkpoint.fsspec_storage import FsspecStorage
 from elastrain_trainer.checkpoint.local import LocalStorage
 from elastrain_trainer.checkpoint.s3 import S3Storage
 
@@ -38,14 +40,32 @@ def make_s3_storage(s3: Any, endpoint: str | None = None) -> S3Storage:
                      endpoint_url=endpoint or s3.endpoint_url)
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def make_fsspec_s3_storage(s3: Any) -> FsspecStorage:
+    """The fsspec backend over s3fs, against the same MinIO (s3fs reads the AWS_* variables)."""
+    return FsspecStorage(f"s3://{s3.bucket}/trainer-tests/fsspec-{uuid.uuid4().hex[:10]}",
+                         s3.endpoint_url)
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3), "fsspec-memory",
+                        "fsspec-local", pytest.param("fsspec-s3", marks=pytest.mark.s3)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStorage]:
-    """Each backend under a fresh root; the same tests run against both."""
+    """Each backend under a fresh root; the same tests run against all of them: our own file://
+    and boto3 s3:// backends, and the fsspec backend over fsspec's memory and local filesystems
+    and over s3fs."""
     if request.param == "file":
         yield LocalStorage(tmp_path / "ckpt")
         return
+    if request.param == "fsspec-memory":
+        root = f"memory://ckpt-{uuid.uuid4().hex[:10]}"
+        yield FsspecStorage(root, fs=fsspec.filesystem("memory"))
+        return
+    if request.param == "fsspec-local":
+        yield FsspecStorage(f"file://{tmp_path}/ckpt", fs=fsspec.filesystem("file"))
+        return
     request.getfixturevalue("s3_credentials")
-    store = make_s3_storage(request.getfixturevalue("s3"))
+    s3 = request.getfixturevalue("s3")
+    store: CheckpointStorage = (make_s3_storage(s3) if request.param == "s3"
+                                else make_fsspec_s3_storage(s3))
     yield store
     store.delete(store.list())
 

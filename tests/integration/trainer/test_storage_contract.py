@@ -1,4 +1,5 @@
-"""One contract for every CheckpointStorage backend (file:// and the real MinIO)."""
+"""One contract for every CheckpointStorage backend: file://, boto3 on the real MinIO, and the
+fsspec backend over fsspec's memory and local filesystems and over s3fs on the same MinIO."""
 
 from __future__ import annotations
 
@@ -49,5 +50,5 @@ def test_delete_removes_keys_and_ignores_missing_ones(storage: CheckpointStorage
 
 
 def test_uri_names_the_root(storage: CheckpointStorage) -> None:
-    assert storage.uri.startswith(("file://", "s3://"))
+    assert storage.uri.startswith(("file:///", "s3://", "memory://"))
     assert not storage.uri.endswith("/")

@@ -5,8 +5,8 @@
 on which operation and key (bucket and key, or directory), at which endpoint and with which
 credentials. The start-up check (precheck.py) and the CheckpointManager's failed saves both
 report it in /progress, where the operator reads it into the CheckpointsFailing condition. S3
-errors are read by checkpoint.s3 (the only module that knows botocore); file:// errors are
-OSErrors.
+errors are read by checkpoint.s3 (the only module that knows botocore); fsspec filesystems'
+(gs://, az://) by checkpoint.fsspec_storage; file:// errors are OSErrors.
 """
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ def diagnose(storage: CheckpointStorage, error: BaseException, *, action: str,
 
         if isinstance(storage, s3.S3Storage):
             why, context = s3.explain(storage, error, action), s3.describe_access(storage)
+        else:
+            why, context = explain_os_error(error), "custom storage"
+    elif not storage.uri.startswith("file://"):
+        from elastrain_trainer.checkpoint import fsspec_storage as fss
+
+        if isinstance(storage, fss.FsspecStorage):
+            why, context = fss.explain(error), fss.describe_access(storage)
         else:
             why, context = explain_os_error(error), "custom storage"
     else:

@@ -1,8 +1,9 @@
 """The CheckpointStorage protocol: a flat key -> bytes store under one root URI.
 
-Backends: local.py (file://) and s3.py (s3://). Keys are '/'-separated and relative to
-the root. A write is all-or-nothing for its key (a reader sees the old object, the whole
-new one, or nothing), which is what commit markers and `latest` pointers rely on.
+Backends: local.py (file://), s3.py (s3://) and fsspec_storage.py (gs://, az://, abfs://).
+Keys are '/'-separated and relative to the root. A write is all-or-nothing for its key (a
+reader sees the old object, the whole new one, or nothing), which is what commit markers and
+`latest` pointers rely on.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def join(*parts: str) -> str:
 
 
 def open_storage(uri: str, endpoint: str = "") -> CheckpointStorage:
-    """The backend for a file:// or s3:// URI (boto3 is imported only for s3://)."""
+    """The backend for the URI's scheme (boto3 is imported only for s3://, fsspec's
+    filesystems only for theirs); MissingBackendError (a ValueError) names a missing package."""
     if uri.startswith("file://"):
         from elastrain_trainer.checkpoint.local import LocalStorage
 
@@ -48,4 +50,9 @@ def open_storage(uri: str, endpoint: str = "") -> CheckpointStorage:
         from elastrain_trainer.checkpoint.s3 import S3Storage
 
         return S3Storage(uri, endpoint_url=endpoint or None)
-    raise ValueError(f"ELASTRAIN_CHECKPOINT_URI={uri!r} must start with file:// or s3://")
+    from elastrain_trainer.checkpoint.fsspec_storage import SCHEMES, FsspecStorage, scheme_of
+
+    if scheme_of(uri) in SCHEMES:
+        return FsspecStorage(uri, endpoint)
+    schemes = ", ".join(f"{s}://" for s in ("file", "s3", *SCHEMES))
+    raise ValueError(f"ELASTRAIN_CHECKPOINT_URI={uri!r} must start with one of {schemes}")
