@@ -21,6 +21,9 @@ BYTE_VOCAB_SIZE = 256  # the built-in datasets are bytes
 SCHEDULES = ("cosine", "wsd")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENV_PREFIX = "ELASTRAIN_"
+# Checkpoint URI schemes with a storage backend (checkpoint.open_storage); gs:// needs gcsfs and
+# az:// or abfs:// adlfs in the image, which the start-up check names when it is missing.
+CHECKPOINT_SCHEMES = ("file", "s3", "gs", "az", "abfs")
 
 
 def env_name(field_name: str) -> str:
@@ -103,8 +106,9 @@ class TrainerConfig:
         _check("metrics_port", 0 <= self.metrics_port <= 65535, "must be a TCP port or 0")
         _check("global_batch_size", self.global_batch_size % self.micro_batch_size == 0,
                f"must be a multiple of ELASTRAIN_MICRO_BATCH_SIZE ({self.micro_batch_size})")
-        _check("checkpoint_uri", self.checkpoint_uri.startswith(("file://", "s3://")),
-               "must start with file:// or s3://")
+        _check("checkpoint_uri",
+               self.checkpoint_uri.startswith(tuple(f"{s}://" for s in CHECKPOINT_SCHEMES)),
+               "must start with " + ", ".join(f"{s}://" for s in CHECKPOINT_SCHEMES))
         _check("spike_factor", self.spike_factor == 0 or self.spike_factor > 1,
                "must be 0 (off) or > 1")
 
