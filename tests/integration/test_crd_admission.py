@@ -81,7 +81,9 @@ NAME_LENGTH = ("metadata.name must be at most 51 characters: worker hostnames ar
                "<name>-worker-<index> (at most 63)")
 NAME_LABEL = ("metadata.name must start with a letter and contain no dots: "
               "it names the job's Services")
-URI = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] or file://<path>"
+URI = ("spec.checkpoint.uri must be s3://<bucket>[/<prefix>], gs://<bucket>[/<prefix>] (the image "
+       "needs gcsfs), az://<container>[/<prefix>] or abfs://<container>[/<prefix>] (the image "
+       "needs adlfs), or file://<path>")
 DNS_LABEL = "match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"
 QUANTITY = ("match '^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
             "([eE](\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))))?$'")
@@ -148,7 +150,11 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [bound("spec.trainer.decayFraction", 1.5, "be less than or equal to 1")]),
     ("seq-len-tiny", set_path("trainer.seqLen", 2),
      [bound("spec.trainer.seqLen", 2, "be greater than or equal to 8")]),
-    ("uri-scheme", set_path("checkpoint", {"uri": "gs://bucket/run"}),
+    ("uri-scheme", set_path("checkpoint", {"uri": "ftp://bucket/run"}),
+     [rule("spec.checkpoint.uri", URI, "string")]),
+    ("uri-gs-bucket", set_path("checkpoint", {"uri": "gs://My-Bucket/run"}),
+     [rule("spec.checkpoint.uri", URI, "string")]),
+    ("uri-az-container", set_path("checkpoint", {"uri": "az://my_container/run"}),
      [rule("spec.checkpoint.uri", URI, "string")]),
     ("uri-no-bucket", set_path("checkpoint", {"uri": "s3:///run"}),
      [rule("spec.checkpoint.uri", URI, "string")]),
@@ -290,6 +296,16 @@ def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str)
     assert stored["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert stored["template"]["affinity"] == {"nodeAffinity": {}}
     assert stored["checkpoint"]["intervalSeconds"] == 600  # default inside a given block
+
+
+@pytest.mark.parametrize("uri", ["gs://my_bucket.example/runs/1", "az://ckpts/runs/1",
+                                 "abfs://ckpts@acct.dfs.core.windows.net/runs/1", "s3://ckpts",
+                                 "file:///mnt/ckpts"])
+def test_every_scheme_the_trainer_supports_is_admitted(
+        api: client.CustomObjectsApi, kube_namespace: str, uri: str) -> None:
+    name = "scheme-" + uri.partition(":")[0]
+    stored = create(api, kube_namespace, make_job_manifest(name, checkpoint={"uri": uri}))
+    assert stored["spec"]["checkpoint"]["uri"] == uri
 
 
 IMMUTABLE = "is immutable: changing it mid-run is not supported"

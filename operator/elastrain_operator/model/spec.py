@@ -27,9 +27,19 @@ CATEGORIES = ("elastrain",)
 # Upper bound for an elastic job without maxReplicas; also the CRD's bound on replica counts.
 MAX_WORKERS = 1024
 
-# s3://<bucket>[/<prefix>] (S3 bucket naming rules) or file://<path>.
-CHECKPOINT_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+)$"
-CHECKPOINT_URI_MESSAGE = "spec.checkpoint.uri must be s3://<bucket>[/<prefix>] or file://<path>"
+# The schemes the trainer image has a checkpoint backend for (the trainer's CHECKPOINT_SCHEMES):
+# s3://<bucket> (S3 bucket naming rules), gs://<bucket> (GCS: also '_', dotted names up to 222),
+# az:// or abfs://<container> (Azure: 3-63 of a-z, 0-9, '-'; abfs may name <container>@<account
+# host>), each with an optional /<prefix>, or file://<path>. gs:// needs the Python package gcsfs
+# and az:// and abfs:// need adlfs in the image; the trainer's start-up check names a missing one.
+CHECKPOINT_URI = (r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+                  r"|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
+                  r"|(az|abfs)://[a-z0-9][a-z0-9-]{1,61}[a-z0-9](@[a-z0-9.-]+)?)(/.*)?$"
+                  r"|^file://.+$")
+CHECKPOINT_URI_MESSAGE = ("spec.checkpoint.uri must be s3://<bucket>[/<prefix>], "
+                          "gs://<bucket>[/<prefix>] (the image needs gcsfs), "
+                          "az://<container>[/<prefix>] or abfs://<container>[/<prefix>] "
+                          "(the image needs adlfs), or file://<path>")
 # A built-in dataset, or a token file: s3://<bucket>/<key> or file://<path> (in the worker).
 DATASET = r"^(synthetic|text|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+|file://.+)$"
 DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or a token file at "

@@ -26,12 +26,22 @@ def test_validate_accepts_a_valid_job(tmp_path: Path, capsys: pytest.CaptureFixt
     ({"replicas": 9}, "spec: spec.replicas must be <= spec.maxReplicas"),
     ({"trainer": {"lr": -1}}, "spec.trainer.lr: Input should be greater than 0"),
     ({"env": [{"value": "x"}]}, "spec.env[0].name: Field required"),
-    ({"checkpoint": {"uri": "gs://b/p"}}, "spec.checkpoint.uri must be s3://"),
+    ({"checkpoint": {"uri": "ftp://bucket/p"}}, "spec.checkpoint.uri must be s3://"),
+    ({"checkpoint": {"uri": "gs://Bucket/p"}}, "gs://<bucket>[/<prefix>] (the image needs gcsfs)"),
 ])
 def test_validate_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                   overrides: dict[str, object], expected: str) -> None:
     assert main(["validate", write(tmp_path, make_job_manifest("bad", **overrides))]) == 2
     assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("uri", ["gs://my_bucket/run", "az://ckpts/run",
+                                 "abfs://ckpts@acct.dfs.core.windows.net/run"])
+def test_validate_accepts_the_object_store_schemes_of_the_image(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], uri: str) -> None:
+    path = write(tmp_path, make_job_manifest("ok", checkpoint={"uri": uri}))
+    assert main(["validate", path]) == 0
+    assert "is valid" in capsys.readouterr().out
 
 
 def test_validate_applies_the_crds_rules_on_the_name(
