@@ -24,13 +24,14 @@ def llmc_bytes(tokens: np.ndarray, version: int = 1, *, magic: int = LLMC_MAGIC,
     return header.tobytes() + np.asarray(tokens, dtype=dtype).tobytes()
 
 
-def pattern_tokens(count: int, vocab: int, seed: int = 0) -> np.ndarray:
-    """Learnable tokens: runs of arithmetic sequences (start, stride random per run of 64)."""
+def pattern_tokens(count: int, vocab: int, seed: int = 0, low: int = 0) -> np.ndarray:
+    """Learnable tokens in [low, vocab): runs of 64 arithmetic sequences (start, stride random
+    per run)."""
     rng = np.random.default_rng(seed)
     runs = -(-count // 64)
-    start = rng.integers(0, vocab, size=(runs, 1))
+    start = rng.integers(0, vocab - low, size=(runs, 1))
     stride = rng.integers(1, 8, size=(runs, 1))
-    out = (start + stride * np.arange(64)) % vocab
+    out = low + (start + stride * np.arange(64)) % (vocab - low)
     return out.reshape(-1)[:count].astype(np.int64)
 
 

@@ -1,0 +1,141 @@
+"""Token files (nanoGPT and llm.c) on file:// and on the real MinIO, read by real torchrun
+trainers: loss decreases, and a SIGTERM mid-run resumes onto exactly the samples an
+uninterrupted run sees (bit-identical final weights, as test_elastic checks for synthetic data).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from elastrain_trainer.checkpoint.s3 import S3Storage
+from elastrain_trainer.local import LocalCluster
+from elastrain_trainer.summary import loss_curve, summarize
+from elastrain_trainer.tokenfiles import TokenFileError, open_token_dataset
+from tests.token_files import llmc_bytes, nanogpt_bytes, pattern_tokens
+
+from .conftest import load_checkpoint, s3_env, trainer_env
+from .test_elastic import RUN_TIMEOUT, STEPS, assert_identical, live_agents, records, run_cluster
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
+VOCAB = 512  # past the byte range, so the model's vocabulary really comes from the spec
+TOKENS = 40 * 1024  # ~1240 windows of 33: the run (24 steps x 8) stays inside one epoch
+
+# (where, format, llm.c version)
+CASES = [pytest.param(("file", "nanogpt", 0), id="file-nanogpt"),
+         pytest.param(("s3", "llmc", 1), id="s3-llmc1", marks=pytest.mark.s3),
+         pytest.param(("file", "llmc", 2), id="file-llmc2")]
+
+
+def token_bytes(fmt: str, version: int) -> bytes:
+    # Ids in [448, 512): a model that learns anything beats a uniform guess over the vocabulary
+    # quickly, and the top ids exercise the spec's vocabulary past the byte range.
+    tokens = pattern_tokens(TOKENS, VOCAB, seed=7, low=VOCAB - 64)
+    return nanogpt_bytes(tokens) if fmt == "nanogpt" else llmc_bytes(tokens, version)
+
+
+@pytest.fixture(scope="module", params=CASES)
+def dataset_env(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The ELASTRAIN_* (and AWS_*) that point a trainer at a token file made for the test."""
+    where, fmt, version = request.param
+    data = token_bytes(fmt, version)
+    env = {"ELASTRAIN_DATASET_FORMAT": fmt, "ELASTRAIN_VOCAB_SIZE": str(VOCAB)}
+    if where == "file":
+        path = tmp_path_factory.mktemp("tokens") / "train.bin"
+        path.write_bytes(data)
+        yield {**env, "ELASTRAIN_DATASET": f"file://{path}"}
+        return
+    s3 = request.getfixturevalue("s3")
+    key = f"datasets/{uuid.uuid4().hex[:10]}/train.bin"
+    store = S3Storage(f"s3://{s3.bucket}", client=_client(s3))
+    store.write(key, data)
+    yield {**env, **s3_env(s3), "ELASTRAIN_DATASET": f"s3://{s3.bucket}/{key}",
+           "ELASTRAIN_CHECKPOINT_ENDPOINT": s3.endpoint_url}
+    store.delete([key])
+
+
+def _client(s3: Any) -> Any:
+    import boto3  # the test's own uploads; the trainer builds its client in checkpoint/s3.py
+
+    from elastrain_trainer.checkpoint.s3 import CLIENT_CONFIG
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
+                        aws_secret_access_key=s3.secret_key, region_name=s3.region,
+                        config=CLIENT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def reference(dataset_env: dict[str, str],
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted DDP run at world size 2 on the token file."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cluster, codes = run_cluster(tmp, {**trainer_env(tmp), **dataset_env}, (2, 2), workers=2)
+    assert set(codes.values()) == {0}, codes
+    return {"curve": loss_curve(records(cluster)),
+            "state": load_checkpoint(tmp / "ckpt", STEPS, tmp)}
+
+
+def test_loss_decreases_on_a_token_file(reference: dict[str, Any]) -> None:
+    curve = reference["curve"]
+    assert sorted(curve) == list(range(1, STEPS + 1))
+    first, last = np.mean([curve[s] for s in range(1, 5)]), np.mean(
+        [curve[s] for s in range(STEPS - 3, STEPS + 1)])
+    assert first > 5.5  # ~ln(512): the model starts from a uniform guess over the spec's vocab
+    assert last < 0.8 * first, curve
+
+
+def test_sigterm_mid_run_resumes_onto_the_same_samples(
+        reference: dict[str, Any], dataset_env: dict[str, str], tmp_path: Path) -> None:
+    at = random.randint(4, STEPS - 6)
+
+    def preempt(cluster: LocalCluster) -> None:
+        assert cluster.wait_for_step(at, timeout=RUN_TIMEOUT)
+        cluster.preempt(random.choice(live_agents(cluster)))
+        cluster.add_agent()
+
+    env = {**trainer_env(tmp_path, step_sleep_seconds="0.15"), **dataset_env}
+    cluster, codes = run_cluster(tmp_path, env, (2, 2), workers=2, script=preempt)
+    summary = summarize(records(cluster))
+    assert summary.finished, codes
+    assert summary.resumes == 1 and summary.steps_lost == 0, summary
+    final = load_checkpoint(tmp_path / "ckpt", STEPS, tmp_path)
+    for part in ("model", "optim"):
+        assert_identical(reference["state"][part], final[part], part)
+    assert final["trainer"]["samples_seen"] == reference["state"]["trainer"]["samples_seen"]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("data", "problem"), [
+    (llmc_bytes(np.arange(100), magic=1), "bad magic 1 in the llm.c header"),
+    (llmc_bytes(np.arange(100))[:-10], "truncated: the llm.c header declares 100 uint16 tokens"),
+    (llmc_bytes(np.arange(1000)), "token id 512 at token 512 is >= vocabSize 512"),
+])
+def test_a_bad_object_on_s3_is_refused_naming_it(
+        s3_credentials: Any, data: bytes, problem: str) -> None:
+    s3 = s3_credentials
+    key = f"datasets/{uuid.uuid4().hex[:10]}/bad.bin"
+    store = S3Storage(f"s3://{s3.bucket}", endpoint_url=s3.endpoint_url)
+    store.write(key, data)
+    uri = f"s3://{s3.bucket}/{key}"
+    try:
+        with pytest.raises(TokenFileError) as e:
+            open_token_dataset(uri, "llmc", seq_len=8, seed=0, vocab_size=VOCAB,
+                               global_batch_size=4, endpoint=s3.endpoint_url)
+    finally:
+        store.delete([key])
+    assert str(e.value).startswith(f"{uri}: ") and problem in str(e.value), e.value
+
+
+@pytest.mark.s3
+def test_a_missing_object_is_named_with_the_endpoint(s3_credentials: Any) -> None:
+    s3 = s3_credentials
+    uri = f"s3://{s3.bucket}/datasets/none/train.bin"
+    with pytest.raises(TokenFileError, match=f"^{uri}: cannot open: 404 "):
+        open_token_dataset(uri, "nanogpt", seq_len=8, seed=0, vocab_size=VOCAB,
+                           global_batch_size=4, endpoint=s3.endpoint_url)
