@@ -4,9 +4,10 @@ and over s3fs against MinIO).
 
 s3:// stays on boto3 (s3.py) by default; file:// on local.py. Credentials come from each
 package's default chain: gcsfs uses Google's application default credentials, so GKE Workload
-Identity works without a FUSE sidecar; adlfs reads AZURE_STORAGE_* and falls back to
-DefaultAzureCredential (AKS workload identity). Other options reach the filesystem through
-fsspec's own environment variables, e.g. FSSPEC_GS_PROJECT=my-project (spec.env).
+Identity works without a FUSE sidecar; adlfs reads its AZURE_STORAGE_* variables (account name
+and a key, SAS token, connection string or service principal). Other options reach the
+filesystem through fsspec's own environment variables, e.g. FSSPEC_GS_PROJECT=my-project
+(spec.env).
 
 A write is one object PUT (`pipe_file`), which object stores make visible only once complete;
 on a local filesystem it goes to a temporary sibling renamed into place. Listing caches are off:
