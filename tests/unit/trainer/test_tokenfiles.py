@@ -11,6 +11,7 @@ import torch
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import build_dataset, make_batch, micro_batch_indices
 from elastrain_trainer.tokenfiles import TokenFileDataset, TokenFileError, open_token_dataset
+from elastrain_trainer.tokenfiles.dataset import GROUP_BLOCKS, epoch_order
 from elastrain_trainer.tokenfiles.formats import (
     LLMC_HEADER_BYTES,
     TokenLayout,
@@ -133,17 +134,29 @@ class CountingSource:
         return self.data[start:end]
 
 
-def test_a_remote_file_is_prefetched_for_the_next_steps_and_read_once() -> None:
+def test_an_epoch_permutes_windows_within_runs_of_a_few_random_blocks() -> None:
+    k, runs = 5, GROUP_BLOCKS * 5
+    order = epoch_order(103, k, seed=1, epoch=0)
+    assert sorted(order.tolist()) == list(range(103))
+    assert order.tolist() != list(range(103))
+    for start in range(0, 103, runs):
+        blocks = {w // k for w in order[start:start + runs].tolist()}
+        assert len(blocks) <= GROUP_BLOCKS
+    assert not torch.equal(order, epoch_order(103, k, seed=1, epoch=1))
+    assert torch.equal(order, epoch_order(103, k, seed=1, epoch=0))
+
+
+def test_a_remote_file_is_read_in_blocks_prefetched_for_the_next_steps_once_each() -> None:
     tokens = pattern_tokens(200 * 9, 256)
     source = CountingSource(nanogpt_bytes(tokens))
     layout = parse_layout(URI, "nanogpt", b"", source.size)
     ds = TokenFileDataset(source, layout, seq_len=8, seed=3, vocab_size=256,
-                          global_batch_size=8, prefetch_steps=2, workers=2)
+                          global_batch_size=8, prefetch_steps=2, workers=2, block_bytes=4 * 18)
+    assert ds.block_windows == 4
     ds.prefetch(micro_batch_indices(0, 2, 2, 1, 0))  # rank 1's first micro-batch of step 0
     slot = [2, 3, 10, 11, 18, 19]  # the same slot of steps 0, 1 and 2
-    wanted = {ds.window_of(i) for i in slot}
     with ds._lock:
-        assert set(ds._pending) | set(ds._cache) == wanted
+        assert set(ds._pending) | set(ds._cache) == {ds.window_of(i) // 4 for i in slot}
     for step in range(3):
         x, y = make_batch(ds, micro_batch_indices(step * 8, 2, 2, 1, 0))
         w = ds.window_of(step * 8 + 2)
@@ -151,5 +164,6 @@ def test_a_remote_file_is_prefetched_for_the_next_steps_and_read_once() -> None:
         assert torch.equal(x[:, 1:], y[:, :-1])
     assert ds._pool is not None
     ds._pool.shutdown(wait=True)
-    # Each window read once: the 6 above plus the 4 prefetched by the last two calls.
-    assert source.reads == ds.fetches == 10
+    # Each block read once (the cache holds them all): those of steps 0-4 for this slot.
+    touched = {ds.window_of(i + step * 8) // 4 for step in range(5) for i in (2, 3)}
+    assert source.reads == ds.fetches == len(touched)
