@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,18 +51,15 @@ def diagnose(storage: CheckpointStorage, error: BaseException, *, action: str,
     """`action` is what was attempted (list, write, read, delete, save) on `key` (under the
     storage's root; the root itself when empty)."""
     where = join(storage.uri, key) if key else storage.uri
-    if storage.uri.startswith("s3://"):
+    # Loaded only where an fsspec URI was opened; then the storage may be one of its.
+    fss = sys.modules.get("elastrain_trainer.checkpoint.fsspec_storage")
+    if fss is not None and isinstance(storage, fss.FsspecStorage):
+        why, context = fss.explain(error), fss.describe_access(storage)
+    elif storage.uri.startswith("s3://"):
         from elastrain_trainer.checkpoint import s3  # boto3 only where s3:// is used
 
         if isinstance(storage, s3.S3Storage):
             why, context = s3.explain(storage, error, action), s3.describe_access(storage)
-        else:
-            why, context = explain_os_error(error), "custom storage"
-    elif not storage.uri.startswith("file://"):
-        from elastrain_trainer.checkpoint import fsspec_storage as fss
-
-        if isinstance(storage, fss.FsspecStorage):
-            why, context = fss.explain(error), fss.describe_access(storage)
         else:
             why, context = explain_os_error(error), "custom storage"
     else:
