@@ -167,3 +167,16 @@ def test_a_remote_file_is_read_in_blocks_prefetched_for_the_next_steps_once_each
     # Each block read once (the cache holds them all): those of steps 0-4 for this slot.
     touched = {ds.window_of(i + step * 8) // 4 for step in range(5) for i in (2, 3)}
     assert source.reads == ds.fetches == len(touched)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"dataset": "gs://corpus/train.bin"}, "ELASTRAIN_DATASET ='gs://corpus/train.bin' must be"),
+    ({"dataset": "s3://corpus"}, "or the URI of a token file"),
+    ({"dataset": "text", "vocab_size": 100}, "ELASTRAIN_VOCAB_SIZE must be >= 256 for the byte"),
+    ({"dataset": "file:///t.bin", "dataset_format": "parquet"},
+     "ELASTRAIN_DATASET_FORMAT ='parquet' must be one of nanogpt, llmc"),
+])
+def test_the_config_refuses_what_no_dataset_can_read(fields: dict[str, object],
+                                                     message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", "\\(")):
+        TrainerConfig(**fields)  # type: ignore[arg-type]
