@@ -1,0 +1,110 @@
+"""Your own script under `elastrain run JOB.yaml --local`: examples/byo (train.py on the
+elastrain_trainer.api session, job.yaml with `command:`) survives a simulated preemption with 0
+steps lost and ends bit-identical to an uninterrupted run; a stock torchrun script that imports
+nothing of elastrain runs too (the PET_* contract only). Real torchrun agents and store, as
+`elastrain run --local` starts them; the job file is the example's, with fewer steps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_cli import commands
+
+from .conftest import load_checkpoint
+from .test_elastic import assert_identical
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "byo"
+STEPS = 60
+
+
+def example_job(tmp: Path) -> Path:
+    """The example beside a copy of its script, shortened to STEPS steps, saving every 10."""
+    shutil.copy(EXAMPLE / "train.py", tmp / "train.py")
+    text = (EXAMPLE / "job.yaml").read_text()
+    for old, new in (("steps: 300", f"steps: {STEPS}"), ("intervalSteps: 25", "intervalSteps: 10"),
+                     ('value: "0.02"', 'value: "0.1"')):
+        assert old in text, old
+        text = text.replace(old, new)
+    job = tmp / "job.yaml"
+    job.write_text(text)
+    return job
+
+
+def run_job(job: Path, out: Path, *, preempt: bool) -> dict[str, Any]:
+    code = commands.run_local(job.read_text(), str(job), workers=None, simulate_preemption=preempt,
+                              out=str(out), checkpoint_uri=f"file://{out}/ckpt", fresh=True)
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    assert code == 0, summary
+    return summary
+
+
+def test_example_script_loses_no_step_to_a_preemption_and_resumes_bit_identically(
+        tmp_path: Path) -> None:
+    job = example_job(tmp_path)
+    reference = run_job(job, tmp_path / "reference", preempt=False)
+    assert reference["finished"] and reference["resumes"] == 0, reference
+    preempted = run_job(job, tmp_path / "preempted", preempt=True)
+    assert preempted["finished"] and preempted["final_step"] == STEPS, preempted
+    assert preempted["resumes"] == 1 and preempted["steps_lost"] == 0, preempted
+    assert preempted["world_sizes"] == [2], preempted
+    # The stopped agent was replaced: three agents, the preempted one did not exit 0.
+    assert len(preempted["exit_codes"]) == 3, preempted
+    want = load_checkpoint(tmp_path / "reference" / "ckpt", STEPS, tmp_path)
+    got = load_checkpoint(tmp_path / "preempted" / "ckpt", STEPS, tmp_path)
+    assert set(got) == {"model", "optimizer", "scheduler", "elastrain"}, set(got)
+    assert got["elastrain"] == {"step": STEPS}
+    for part in ("model", "optimizer", "scheduler"):
+        assert_identical(want[part], got[part], part)
+
+
+PLAIN_PY = '''\
+"""A stock torchrun DDP script: no elastrain import, only what torchrun's variables say."""
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(f"plain-script-done rank={rank} world={world}", flush=True)
+dist.destroy_process_group()
+'''
+
+PLAIN_JOB = '''\
+apiVersion: elastrain.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: plain
+spec:
+  image: elastrain/trainer:dev
+  replicas: 2
+  minReplicas: 2
+  maxReplicas: 2
+  command: ["torchrun", "plain.py"]
+'''
+
+
+def test_a_script_that_never_calls_the_api_runs_with_torchruns_variables(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text(PLAIN_PY)
+    job = tmp_path / "job.yaml"
+    job.write_text(PLAIN_JOB)
+    out = tmp_path / "run"
+    summary = run_job(job, out, preempt=False)
+    assert summary["exit_codes"] == {"agent-0": 0, "agent-1": 0}, summary
+    done = sorted(line.split("plain-script-done ", 1)[1]
+                  for log in out.glob("agent-*.log")
+                  for line in log.read_text().splitlines() if "plain-script-done " in line)
+    assert done == ["rank=0 world=2", "rank=1 world=2"], done
+    assert not (out / "ckpt").exists()  # nothing saved what the script never asked to
