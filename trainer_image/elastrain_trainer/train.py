@@ -117,12 +117,23 @@ def run(cfg: TrainerConfig) -> int:
 
     manager.save(_save_request(t, cfg, dataset, world), blocking=True)
     manager.close()
+    if not manager.holds(t.progress.step):
+        # Never "finished" without the final state: a peer lost during the save restarts the
+        # group (faults.guard_main reads the cause), a store failure is a counted crash; either
+        # way the replacement resumes from the newest commit and trains the rest again.
+        raise FinalCheckpointError(
+            f"the final checkpoint (step {t.progress.step}) was not committed: "
+            f"{manager.last_error}") from manager.last_error
     if denv.is_coordinator:
         emit("finished", step=t.progress.step, loss=t.progress.last_loss,
              failed_saves=manager.failed_saves)
     if denv.local_rank == 0:
         metrics.write_final_progress()
     return _shutdown(0, server)
+
+
+class FinalCheckpointError(RuntimeError):
+    """Training ended but its final checkpoint did not commit."""
 
 
 def build_objects(cfg: TrainerConfig, denv: DistEnv) -> TrainObjects:

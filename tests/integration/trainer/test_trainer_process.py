@@ -117,3 +117,42 @@ def test_fsdp_bf16_activation_checkpointing_text_wsd_guard_combine(tmp_path: Pat
     assert any(r["event"] == "checkpoint_saved" and r["step"] < 8 for r in recs)
     sidecar = json.loads((tmp_path / "ckpt" / "step-00000008" / "sidecar.json").read_text())
     assert (sidecar["strategy"], sidecar["step"], sidecar["world_size"]) == ("fsdp", 8, 1)
+
+
+@pytest.mark.s3
+def test_a_run_whose_final_checkpoint_fails_does_not_finish(
+        s3_credentials: Any, tmp_path: Path) -> None:
+    """The store goes away for the final save: the trainer must not report "finished" and exit 0
+    (the job would end Succeeded with an older checkpoint); it exits 1 with the reason, so the
+    operator counts it and a replacement resumes and saves the end again."""
+    s3 = s3_credentials
+    host, port = s3.endpoint_url.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    storage: S3Storage = make_s3_storage(s3, endpoint=s3.endpoint_url)
+    env = {**trainer_env(tmp_path, steps="12", checkpoint_interval_steps="4",
+                         step_sleep_seconds="0.3", checkpoint_uri=storage.uri,
+                         checkpoint_endpoint=proxy.endpoint, checkpoint_async="0"),
+           **s3_env(s3), "AWS_MAX_ATTEMPTS": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "elastrain_trainer"],
+                            env=subprocess_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            r = parse_line(line)
+            if r is not None and r["event"] == "step" and r["step"] == 11:
+                proxy.cut()  # before step 12 ends: the final save cannot reach the store
+        code = proc.wait(timeout=180)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    finally:
+        proxy.heal()
+        if proc.poll() is None:
+            proc.kill()
+    records = [r for r in map(parse_line, lines) if r is not None]
+    assert code == 1, stderr[-2000:]
+    assert not [r for r in records if r["event"] == "finished"]
+    assert "FinalCheckpointError: the final checkpoint (step 12) was not committed" in stderr
+    assert storage.read(mf.LATEST) == b"step-00000008"
+    storage.delete(storage.list())

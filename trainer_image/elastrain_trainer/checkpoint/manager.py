@@ -72,6 +72,7 @@ class CheckpointManager:
         self.endpoint = endpoint
         self.last_committed: Committed | None = None
         self.failed_saves = 0
+        self.last_error: BaseException | None = None
         self._pending: _Pending | None = None
         self._loaded_step: int | None = None
 
@@ -100,6 +101,10 @@ class CheckpointManager:
         except (Exception, CheckpointException) as e:  # DCP raises a BaseException subclass
             self._finished(req.step, t0, time.monotonic() - t0, e)
         return time.monotonic() - t0
+
+    def holds(self, step: int) -> bool:
+        """True when the state of `step` is committed (saved by this manager, or loaded)."""
+        return step in (self._loaded_step, self.last_committed and self.last_committed.step)
 
     def in_flight(self) -> bool:
         """True while a background save is still uploading (local view; agree before use)."""
@@ -131,6 +136,7 @@ class CheckpointManager:
         total = time.monotonic() - started
         if error is not None:
             self.failed_saves += 1
+            self.last_error = error
             problem = diagnose(self.storage, _root_cause(error), action="save",
                                key=mf.step_dir(step))
             metrics.record_checkpoint_failed(problem.kind, problem.message)
