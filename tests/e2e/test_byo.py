@@ -1,0 +1,62 @@
+"""Your own script on real pods: examples/byo/job.yaml (command: the launcher and train.py, the
+script mounted from a ConfigMap into the trainer image's working directory) survives the eviction
+of a worker with 0 steps lost, counted as a preemption, and succeeds with its final checkpoint
+reported by the operator from the session's /progress."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.conftest import NodeCluster
+from tests.e2e.support import (
+    ARTIFACTS,
+    LogCollector,
+    evict,
+    job_status,
+    steps_lost_at,
+    wait_for,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "byo"
+STEPS = 200
+
+
+def byo_job(node: NodeCluster, ns: str) -> dict[str, Any]:
+    """The example as written, but for this one-node cluster: its images and its MinIO."""
+    job: dict[str, Any] = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
+    job["metadata"]["namespace"] = ns
+    s = job["spec"]
+    s.update(image=node.images["trainer"], terminationGracePeriodSeconds=60)
+    s["trainer"]["steps"] = STEPS
+    s["env"] = [{"name": "ELASTRAIN_STEP_SLEEP_SECONDS", "value": "0.25"}]
+    s["checkpoint"].update(uri=f"s3://{node.s3.bucket}/{ns}/byo", endpoint=node.s3.endpoint_url,
+                           intervalSteps=20)
+    s["template"]["imagePullPolicy"] = "Never"
+    s["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
+                      "limits": {"memory": "1536Mi"}}
+    return job
+
+
+def test_byo_script_resumes_an_eviction_with_no_step_lost(operator: NodeCluster,
+                                                          job_namespace: str) -> None:
+    node, ns, k = operator, job_namespace, operator.kubectl
+    k("create", "configmap", "byo-train-py", "-n", ns,
+      "--from-file", f"train.py={EXAMPLE / 'train.py'}")
+    selector = "elastrain.dev/job-name=byo,elastrain.dev/role=worker"
+    with LogCollector(k, ns, selector, ARTIFACTS / "byo") as logs:
+        k.apply(byo_job(node, ns))
+        logs.wait_for_step(40, timeout=300)
+        pods = k.json("get", "pods", "-n", ns, "-l", selector)["items"]
+        victim = sorted(p["metadata"]["name"] for p in pods)[-1]
+        at = evict(k, ns, victim)
+        wait_for("Succeeded", lambda: job_status(k, ns, "byo").get("phase") == "Succeeded",
+                 timeout=600)
+        time.sleep(1)  # the last log lines
+        assert steps_lost_at(logs, at) == 0
+    status = job_status(k, ns, "byo")
+    assert status.get("preemptions") == 1 and status.get("restarts", 0) == 0, status
+    assert status["lastCheckpoint"]["step"] == STEPS, status
