@@ -61,7 +61,7 @@ from elastrain_trainer.faults import guard_main
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.signals import StopAgreement
-from elastrain_trainer.train import should_checkpoint
+from elastrain_trainer.train import FinalCheckpointError, should_checkpoint
 
 __all__ = ["DistEnv", "Session", "init_distributed", "run"]
 
@@ -237,6 +237,13 @@ class Session:
         if not self.stopped:
             self.manager.save(self._request(), blocking=True)
         self.manager.close()
+        if not self.stopped and not self.manager.holds(self.step):
+            # As the built-in trainer: never "finished" without the final state (a lost peer
+            # restarts the group, a store failure is a counted crash; guard_main tells them).
+            self._close_server()
+            raise FinalCheckpointError(
+                f"the final checkpoint (step {self.step}) was not committed: "
+                f"{self.manager.last_error}") from self.manager.last_error
         if not self.stopped and self.step >= self.total_steps:
             if self.denv.is_coordinator:
                 emit("finished", step=self.step, loss=self._last_loss(),

@@ -7,13 +7,17 @@ nothing of elastrain runs too (the PET_* contract only). Real torchrun agents an
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elastrain_cli import commands
+from elastrain_trainer.events import parse_line
 
 from .conftest import load_checkpoint
 from .test_elastic import assert_identical
@@ -108,3 +112,50 @@ def test_a_script_that_never_calls_the_api_runs_with_torchruns_variables(tmp_pat
                   for line in log.read_text().splitlines() if "plain-script-done " in line)
     assert done == ["rank=0 world=2", "rank=1 world=2"], done
     assert not (out / "ckpt").exists()  # nothing saved what the script never asked to
+
+
+FINAL_SAVE_FAILS_PY = '''\
+import torch
+
+from elastrain_trainer.api import Session, init_distributed, run
+
+
+class RefusingWrites:
+    """The store goes down once training is over: every write fails."""
+
+    def __init__(self, inner):
+        self.inner, self.uri = inner, inner.uri
+
+    def write(self, key, data):
+        raise OSError("the store went away")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def main():
+    init_distributed()
+    model = torch.nn.Linear(2, 1)
+    with Session(model=model, steps=3) as session:
+        for _ in session.steps():
+            pass
+        session.manager.storage = RefusingWrites(session.manager.storage)
+    print("after-the-block", flush=True)
+
+
+run(main)
+'''
+
+
+def test_a_script_whose_final_checkpoint_fails_is_a_crash_not_finished(tmp_path: Path) -> None:
+    script = tmp_path / "final.py"
+    script.write_text(FINAL_SAVE_FAILS_PY)
+    env = {**os.environ, "ELASTRAIN_METRICS_PORT": "0", "OMP_NUM_THREADS": "1",
+           "ELASTRAIN_CHECKPOINT_URI": f"file://{tmp_path}/ckpt"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FinalCheckpointError: the final checkpoint (step 3) was not committed" in done.stderr
+    events = [r["event"] for r in map(parse_line, done.stdout.splitlines()) if r]
+    assert "checkpoint_failed" in events and "finished" not in events, events
+    assert "after-the-block" not in done.stdout
