@@ -18,6 +18,8 @@ import pytest
 
 from elastrain_cli import commands
 from elastrain_trainer.events import parse_line
+from elastrain_trainer.local import LocalCluster, worker_entry
+from elastrain_trainer.summary import summarize
 
 from .conftest import load_checkpoint
 from .test_elastic import assert_identical
@@ -65,6 +67,31 @@ def test_example_script_loses_no_step_to_a_preemption_and_resumes_bit_identicall
     assert got["elastrain"] == {"step": STEPS}
     for part in ("model", "optimizer", "scheduler"):
         assert_identical(want[part], got[part], part)
+
+
+def test_example_script_resumes_at_a_smaller_world_size(tmp_path: Path) -> None:
+    """A preempted worker that is not replaced: the survivor resumes alone (minReplicas 1)."""
+    shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
+    env = {"ELASTRAIN_STEPS": "40", "ELASTRAIN_CHECKPOINT_URI": f"file://{tmp_path}/ckpt",
+           "ELASTRAIN_CHECKPOINT_INTERVAL_STEPS": "10", "ELASTRAIN_METRICS_PORT": "0",
+           "ELASTRAIN_STEP_SLEEP_SECONDS": "0.1", "OMP_NUM_THREADS": "1"}
+    cluster = LocalCluster(env, 1, 2, tmp_path / "logs", job_id=tmp_path.name,
+                           entry=worker_entry(["torchrun", "train.py"]), cwd=tmp_path,
+                           on_record=lambda agent, r: None)
+    try:
+        cluster.start(2)
+        assert cluster.wait_for_step(15, timeout=120)
+        cluster.preempt(cluster.agents[1])
+        codes = cluster.wait_agents(timeout=180)
+    finally:
+        cluster.stop()
+    summary = summarize([r for _, r in cluster.records])
+    assert codes["agent-0"] == 0, codes
+    assert summary.finished and summary.final_step == 40, summary
+    assert summary.resumes == 1 and summary.steps_lost == 0, summary
+    assert summary.world_sizes == [2, 1], summary
+    resumed = [r for _, r in cluster.records if r["event"] == "resumed"]
+    assert resumed[0]["saved_world_size"] == 2 and resumed[0]["world_size"] == 1, resumed
 
 
 PLAIN_PY = '''\
