@@ -25,7 +25,7 @@ from .test_elastic import RUN_TIMEOUT, STEPS, assert_identical, live_agents, rec
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 VOCAB = 512  # past the byte range, so the model's vocabulary really comes from the spec
-TOKENS = 40 * 1024  # ~1240 windows of 33: the run (24 steps x 8) stays inside one epoch
+TOKENS = 1_200_000  # 36k windows of 33 in 3 (uint16) or 5 (uint32) blocks of ~1 MiB
 
 # (where, format, llm.c version)
 CASES = [pytest.param(("file", "nanogpt", 0), id="file-nanogpt"),

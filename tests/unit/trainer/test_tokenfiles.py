@@ -180,3 +180,32 @@ def test_the_config_refuses_what_no_dataset_can_read(fields: dict[str, object],
                                                      message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", "\\(")):
         TrainerConfig(**fields)  # type: ignore[arg-type]
+
+
+EXIT_SCRIPT = """
+import atexit, time
+from elastrain_trainer.tokenfiles import TokenFileDataset
+from elastrain_trainer.tokenfiles.formats import parse_layout
+
+class Slow:  # an object store that takes 1 s per read
+    remote, uri, size = True, "s3://bucket/t.bin", 2 * 9 * 400
+    def read(self, start, end):
+        time.sleep(1.0)
+        return bytes(end - start)
+
+ds = TokenFileDataset(Slow(), parse_layout(Slow.uri, "nanogpt", b"", Slow.size), seq_len=8,
+                      seed=0, vocab_size=256, global_batch_size=8, workers=12, block_bytes=18)
+ds.prefetch(range(8))  # 24 one-window blocks queued on 12 threads: 2 s of reads
+queued, started = len(ds._pending), time.monotonic()
+atexit.register(lambda: print(f"queued={queued} exit={time.monotonic() - started}"))
+"""
+
+
+def test_queued_reads_are_dropped_at_exit(tmp_path: Path) -> None:
+    """A SIGTERMed trainer exits after its save without waiting for read-ahead."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    queued, took = (float(part.split("=")[1]) for part in out.split())
+    assert queued == 24 and took < 1.5, out  # only the 12 reads in flight finish

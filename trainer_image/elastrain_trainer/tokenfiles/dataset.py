@@ -82,6 +82,10 @@ class TokenFileDataset:
         self._lock = threading.RLock()
         self._pool = (ThreadPoolExecutor(workers, thread_name_prefix="elastrain-data")
                       if source.remote else None)
+        if self._pool is not None:
+            # At exit (after a SIGTERM save, say) drop queued reads before the interpreter joins
+            # the pool's threads: these hooks run newest first, before concurrent.futures' own.
+            getattr(threading, "_register_atexit", lambda f: None)(self.close)
         self.fetches = 0  # blocks (remote) or windows (local) read from the source
         self.waits = 0  # samples whose block was not in the cache when a step asked
 
