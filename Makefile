@@ -58,6 +58,7 @@ test-trainer: venv build-deps  ## trainer unit + integration tests (real torchru
 .PHONY: bench
 bench: venv build-deps  ## benchmarks; each prints ratios measured side by side in one run
 	$(BIN)/python bench/checkpoint_s3.py
+	$(BIN)/python bench/token_dataset.py
 
 TIER ?= a+
 .PHONY: cluster-up
