@@ -25,8 +25,8 @@ def test_anything_else_is_refused_with_the_crds_message(dataset: str) -> None:
 def test_the_byte_datasets_need_a_vocabulary_of_256() -> None:
     with pytest.raises(ValidationError, match="vocabSize must be at least 256"):
         TrainerSpec.model_validate({"dataset": "text", "vocabSize": 100})
-    assert TrainerSpec.model_validate({"dataset": "s3://corpus/t.bin", "vocabSize": 100}).vocab_size \
-        == 100
+    spec = TrainerSpec.model_validate({"dataset": "s3://corpus/t.bin", "vocabSize": 100})
+    assert spec.vocab_size == 100
 
 
 def test_the_format_is_one_of_the_two_layouts() -> None:
