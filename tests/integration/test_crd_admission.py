@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from elastrain_operator.model.spec import BYTE_VOCAB_MESSAGE, DATASET_MESSAGE
 from tests.integration.conftest import kubectl
 from tests.unit.operator.builders import make_job_manifest
 
@@ -150,6 +151,17 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [bound("spec.trainer.decayFraction", 1.5, "be less than or equal to 1")]),
     ("seq-len-tiny", set_path("trainer.seqLen", 2),
      [bound("spec.trainer.seqLen", 2, "be greater than or equal to 8")]),
+    ("dataset-scheme", set_path("trainer.dataset", "gs://corpus/train.bin"),
+     [rule("spec.trainer.dataset", DATASET_MESSAGE, "string")]),
+    ("dataset-no-key", set_path("trainer.dataset", "s3://corpus"),
+     [rule("spec.trainer.dataset", DATASET_MESSAGE, "string")]),
+    ("dataset-format", set_path("trainer.datasetFormat", "parquet"),
+     [unsupported("spec.trainer.datasetFormat", "parquet", "nanogpt", "llmc")]),
+    ("vocab-size-one", both(set_path("trainer.dataset", "s3://corpus/train.bin"),
+                            set_path("trainer.vocabSize", 1)),
+     [bound("spec.trainer.vocabSize", 1, "be greater than or equal to 2")]),
+    ("byte-dataset-small-vocab", set_path("trainer.vocabSize", 100),
+     [rule("spec.trainer.vocabSize", BYTE_VOCAB_MESSAGE)]),
     ("uri-scheme", set_path("checkpoint", {"uri": "ftp://bucket/run"}),
      [rule("spec.checkpoint.uri", URI, "string")]),
     ("uri-gs-bucket", set_path("checkpoint", {"uri": "gs://My-Bucket/run"}),

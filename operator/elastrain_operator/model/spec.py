@@ -44,6 +44,8 @@ CHECKPOINT_URI_MESSAGE = ("spec.checkpoint.uri must be s3://<bucket>[/<prefix>],
 DATASET = r"^(synthetic|text|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+|file://.+)$"
 DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or a token file at "
                    "s3://<bucket>/<key> or file://<path>")
+BYTE_VOCAB_MESSAGE = ("spec.trainer.vocabSize must be at least 256 for the byte-level datasets "
+                      "synthetic and text")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
             r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -165,8 +167,7 @@ class TrainerSpec(ApiModel):
         if not re.match(DATASET, self.dataset):
             raise ValueError(DATASET_MESSAGE)
         if self.dataset in ("synthetic", "text") and self.vocab_size < 256:
-            raise ValueError("spec.trainer.vocabSize must be at least 256 for the byte-level "
-                             f"dataset {self.dataset}")
+            raise ValueError(BYTE_VOCAB_MESSAGE)
         return self
 
 
@@ -256,6 +257,8 @@ _SPEC_RULES = k8s(
         field_path=".maxReplicas", reason="FieldValueForbidden"),
     cel("self.strategy == 'fsdp' || !self.trainer.cpuOffload",
         "spec.trainer.cpuOffload requires spec.strategy fsdp", field_path=".trainer.cpuOffload"),
+    cel("!(self.trainer.dataset in ['synthetic', 'text']) || self.trainer.vocabSize >= 256",
+        BYTE_VOCAB_MESSAGE, field_path=".trainer.vocabSize"),
     cel("self.trainer.minLr <= self.trainer.lr",
         "spec.trainer.minLr must be <= spec.trainer.lr", field_path=".trainer.minLr"),
     cel("self.trainer.globalBatchSize % self.trainer.microBatchSize == 0",

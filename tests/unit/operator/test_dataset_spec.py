@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from elastrain_operator.model.spec import DATASET_MESSAGE, TrainerSpec
+from elastrain_operator.model.spec import BYTE_VOCAB_MESSAGE, DATASET_MESSAGE, TrainerSpec
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "text", "s3://corpus/fineweb/train_000.bin",
@@ -23,7 +23,7 @@ def test_anything_else_is_refused_with_the_crds_message(dataset: str) -> None:
 
 
 def test_the_byte_datasets_need_a_vocabulary_of_256() -> None:
-    with pytest.raises(ValidationError, match="vocabSize must be at least 256"):
+    with pytest.raises(ValidationError, match=BYTE_VOCAB_MESSAGE):
         TrainerSpec.model_validate({"dataset": "text", "vocabSize": 100})
     spec = TrainerSpec.model_validate({"dataset": "s3://corpus/t.bin", "vocabSize": 100})
     assert spec.vocab_size == 100
