@@ -39,16 +39,19 @@ MICRO = 8
 
 
 def trial(uri: str, args: argparse.Namespace, endpoint: str, start: int,
-          prefetch_steps: int, compute_s: float = 0.0) -> tuple[float, int]:
-    """(samples/s of the time spent reading, samples the loop had to wait for) over one fresh
-    dataset; `compute_s` is slept after each step (a model step, GIL released)."""
+          prefetch_steps: int, compute_s: float = 0.0) -> tuple[float, int, float]:
+    """(samples/s of the time spent reading, samples the loop had to wait for, seconds to open:
+    header, size and the vocabulary probe) over one fresh dataset; `compute_s` is slept after
+    each step (a model step, GIL released)."""
     from elastrain_trainer.data import make_batch, micro_batch_indices
     from elastrain_trainer.tokenfiles import open_token_dataset
 
     global_batch = MICRO * args.accum
+    opened = time.perf_counter()
     ds = open_token_dataset(uri, "llmc", seq_len=args.seq_len, seed=1, vocab_size=50304,
                             global_batch_size=global_batch, endpoint=endpoint,
                             prefetch_steps=prefetch_steps)
+    opened = time.perf_counter() - opened
     reading = 0.0
     for step in range(args.samples // global_batch):
         t0 = time.perf_counter()
@@ -59,7 +62,7 @@ def trial(uri: str, args: argparse.Namespace, endpoint: str, start: int,
         time.sleep(compute_s)
     rate = args.samples / reading
     ds.close()
-    return rate, ds.waits
+    return rate, ds.waits, opened
 
 
 def main() -> int:
@@ -112,13 +115,15 @@ def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
         "s3 + compute": ("s3", 2, compute), "s3 + compute, no read-ahead": ("s3", 0, compute)}
     rates: dict[str, list[float]] = {m: [] for m in modes}
     waits: dict[str, list[int]] = {m: [] for m in modes}
+    opens: dict[str, list[float]] = {"file": [], "s3": []}
     windows = args.tokens // (args.seq_len + 1)
     steps = args.samples // (MICRO * args.accum)
     start = 0
     for _ in range(args.pairs):
         for mode, (where, ahead, compute_s) in modes.items():
             start = (start + args.samples) % max(1, windows - args.samples)
-            rate, waited = trial(uris[where], args, endpoint, start, ahead, compute_s)
+            rate, waited, opened = trial(uris[where], args, endpoint, start, ahead, compute_s)
+            opens[where].append(opened)
             rates[mode].append(rate)
             waits[mode].append(waited)
     print(f"llm.c v1 file: {len(data) / 2**20:.0f} MiB, {windows} samples of seq_len "
@@ -135,6 +140,8 @@ def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
     print(f"file/s3: {med['file'] / med['s3']:.1f}x;  s3 read-ahead/none: "
           f"{med['s3'] / med['s3, no read-ahead']:.2f}x;  s3 = "
           f"{100 * med['s3'] / get_ceiling:.1f}% of the one-GET ceiling")
+    print("open (header, size, vocabulary probe of <= 16 MiB): median "
+          + ", ".join(f"{w} {statistics.median(v) * 1000:.0f} ms" for w, v in opens.items()))
     print(f"with {args.compute_ms:g} ms of compute per step, read time per step: read-ahead "
           f"{args.samples / med['s3 + compute'] / steps * 1000:.2f} ms, none "
           f"{args.samples / med['s3 + compute, no read-ahead'] / steps * 1000:.2f} ms")
