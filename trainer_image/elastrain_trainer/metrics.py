@@ -51,6 +51,9 @@ CHECKPOINT_FAILURES = Counter(_P + "checkpoint_failures",
 CONSECUTIVE_FAILURES = Gauge(_P + "checkpoint_consecutive_failures",
                              "Checkpoint saves (or start-up checks) that failed since the last "
                              "one that succeeded", registry=REGISTRY)
+PEAK_MEMORY = Gauge(_P + "peak_memory_bytes",
+                    "This process's peak memory so far: max allocated on its CUDA device, or its "
+                    "peak resident set (VmHWM) on a CPU run", registry=REGISTRY)
 
 
 @dataclass
@@ -69,6 +72,10 @@ class _Progress:
     checkpoint_failures: int | None = None  # consecutive: reset by a commit or a passed check
     checkpoint_error: str | None = None  # the latest failure's diagnosis (kept after recovery)
     checkpoint_failed_at: str | None = None  # RFC3339
+    # Memory per rank (None: not measured yet). Not read by the operator; for `estimate` checks.
+    memory_peak_bytes: int | None = None
+    memory_measure: str | None = None  # "cuda_allocated" or "host_rss"
+    memory_estimate_bytes: int | None = None  # what estimate.estimate() predicted for this rank
 
 
 _progress = _Progress()
@@ -99,6 +106,19 @@ def record_step(step: int, loss: float, duration_s: float, tokens: int) -> None:
         if _progress.training_since is None:
             # The operator measures a loss's recovery up to here: training really runs again.
             _progress.training_since = _progress.last_step_time
+
+
+def record_memory_estimate(total_bytes: int) -> None:
+    """What the memory estimate predicts per rank for this run's config and world size."""
+    with _lock:
+        _progress.memory_estimate_bytes = total_bytes
+
+
+def record_peak_memory(peak_bytes: int, measure: str) -> None:
+    """The peak so far (`measure`: "cuda_allocated" or "host_rss"); see estimate.measure_peak."""
+    PEAK_MEMORY.set(peak_bytes)
+    with _lock:
+        _progress.memory_peak_bytes, _progress.memory_measure = peak_bytes, measure
 
 
 def record_resumed(step: int) -> None:
@@ -188,7 +208,16 @@ def _document() -> dict[str, Any]:
             "trainingSince": _progress.training_since,
             "startedAt": _progress.started_at,
             "lastStepTime": _progress.last_step_time,
-            "checkpointHealth": health}
+            "checkpointHealth": health,
+            "memory": _memory()}
+
+
+def _memory() -> dict[str, Any] | None:
+    """The "memory" field of /progress; the caller holds _lock."""
+    if _progress.memory_peak_bytes is None and _progress.memory_estimate_bytes is None:
+        return None
+    return {"peakBytes": _progress.memory_peak_bytes, "measure": _progress.memory_measure,
+            "estimateBytes": _progress.memory_estimate_bytes}
 
 
 # Kubernetes creates this file in every container and copies what a process wrote into it to the

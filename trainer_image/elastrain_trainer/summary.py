@@ -22,6 +22,9 @@ class RunSummary:
     checkpoints_saved: int = 0
     checkpoints_failed: int = 0
     wall_s: float = 0.0
+    # Rank 0's peak memory, from its step records (estimate.measure_peak: resident set on CPU,
+    # max allocated on CUDA); None for a run whose records carry none.
+    peak_memory_bytes: int | None = None
 
 
 def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
@@ -40,12 +43,14 @@ def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
         elif r["event"] == "resumed":
             lost.append(max(0, max_step - int(r["step"])))
     saved = {r["step"] for r in ordered if r["event"] == "checkpoint_saved"}
+    peaks = [int(r["peak_memory"]) for r in ordered
+             if r["event"] == "step" and r.get("peak_memory") is not None]
     return RunSummary(
         finished=any(r["event"] == "finished" for r in ordered), final_step=max_step,
         final_loss=final_loss, resumes=len(lost), steps_lost=sum(lost), lost_per_resume=lost,
         world_sizes=worlds, checkpoints_saved=len(saved),
         checkpoints_failed=sum(r["event"] == "checkpoint_failed" for r in ordered),
-        wall_s=round(wall_s, 2))
+        wall_s=round(wall_s, 2), peak_memory_bytes=max(peaks, default=None))
 
 
 def loss_curve(records: list[Record]) -> dict[int, float]:
@@ -93,5 +98,10 @@ def write_summary(summary: RunSummary, exit_codes: dict[str, int | None], out_di
              f"world sizes: {' -> '.join(map(str, summary.world_sizes))}",
              f"checkpoints saved: {summary.checkpoints_saved}  failed: "
              f"{summary.checkpoints_failed}  wall: {summary.wall_s} s",
+             f"peak memory (rank 0): {_gib(summary.peak_memory_bytes)}",
              f"agent exit codes: {exit_codes}"]
     (out_dir / "summary.txt").write_text("\n".join(lines) + "\n")
+
+
+def _gib(n: int | None) -> str:
+    return "not measured" if n is None else f"{n / (1 << 30):.2f} GiB"

@@ -22,7 +22,13 @@ from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_st
 from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import Dataset, build_dataset, make_batch, micro_batch_indices
-from elastrain_trainer.estimate import available_host_bytes, check_fits, estimate
+from elastrain_trainer.estimate import (
+    available_host_bytes,
+    check_fits,
+    estimate,
+    measure_peak,
+    return_freed_host_memory,
+)
 from elastrain_trainer.events import emit
 from elastrain_trainer.guard import SpikeGuard
 from elastrain_trainer.model import build_model, lm_loss
@@ -68,6 +74,8 @@ def run(cfg: TrainerConfig) -> int:
     denv = DistEnv(dist.get_rank(), world, denv.local_rank, denv.local_world_size,
                    denv.restart_count, denv.device)
     accum = cfg.accumulation_steps(world)
+    if denv.device.type == "cpu":
+        return_freed_host_memory()  # a CPU run's peak is its live tensors (see the docstring)
     check_memory(cfg, denv)
     metrics.record_start(cfg.steps, world, denv.restart_count)
     server = _serve_metrics(cfg, denv)
@@ -190,7 +198,8 @@ def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Data
 
 def check_memory(cfg: TrainerConfig, denv: DistEnv) -> None:
     """Refuse, before allocating anything, a config that cannot fit this device."""
-    est = estimate(cfg, denv.world_size)
+    est = estimate(cfg, denv.world_size, denv.device.type)
+    metrics.record_memory_estimate(est.total_bytes)
     if denv.device.type == "cuda":
         check_fits(est, torch.cuda.mem_get_info(denv.device)[1], f"GPU {denv.device}")
     else:
@@ -234,6 +243,8 @@ def _log_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, r: StepResult,
               duration: float, wandb_run: Any) -> None:
     tokens = cfg.global_batch_size * cfg.seq_len
     metrics.record_step(t.progress.step, r.loss, duration, tokens)
+    peak, measure = measure_peak(denv.device.type)
+    metrics.record_peak_memory(peak, measure)
     if not denv.is_coordinator:
         return
     record: dict[str, Any] = {"step": t.progress.step, "loss": r.loss, "lr": r.lr,
@@ -241,7 +252,7 @@ def _log_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, r: StepResult,
               "tokens_per_s": round(tokens / max(duration, 1e-9), 1), "ram": _rss_bytes(),
               "vram": (torch.cuda.memory_allocated(denv.device)
                        if denv.device.type == "cuda" else 0),
-              "world_size": denv.world_size}
+              "peak_memory": peak, "world_size": denv.world_size}
     if r.skipped:
         record["skipped"] = r.skipped
     emit("step", **record)

@@ -9,8 +9,14 @@ import pytest
 
 from elastrain_trainer import metrics
 from elastrain_trainer.config import TrainerConfig
-from elastrain_trainer.estimate import GIB, check_fits, estimate
-from elastrain_trainer.summary import summarize
+from elastrain_trainer.estimate import (
+    GIB,
+    check_fits,
+    estimate,
+    measure_peak,
+    return_freed_host_memory,
+)
+from elastrain_trainer.summary import summarize, write_summary
 
 
 def test_fsdp_shards_model_states_and_ddp_does_not() -> None:
@@ -21,6 +27,56 @@ def test_fsdp_shards_model_states_and_ddp_does_not() -> None:
     assert fsdp.params_bytes == ddp.params_bytes // 8
     assert fsdp.activations_bytes == ddp.activations_bytes
     assert "gpt-1b" in fsdp.format() and "total" in fsdp.format()
+
+
+def test_ddp_counts_its_gradient_buckets_and_fsdp_its_unsharded_blocks() -> None:
+    ddp = estimate(TrainerConfig(model="gpt-100m", strategy="ddp"), 2)
+    fsdp = estimate(TrainerConfig(model="gpt-100m", strategy="fsdp"), 2)
+    assert ddp.buffers_bytes == 4 * ddp.n_params  # a flat copy of every gradient
+    # Two blocks of 12 d^2 + 13 d fp32 params, plus the root's embeddings and head.
+    assert 2 * 4 * (12 * 768**2) < fsdp.buffers_bytes < 3 * 4 * (12 * 768**2)
+
+
+def test_gradients_and_activations_do_not_peak_together() -> None:
+    states_bound = TrainerConfig(model="gpt-100m", micro_batch_size=1, seq_len=64)
+    est = estimate(states_bound, 1)
+    assert est.grads_bytes > est.activations_bytes
+    assert est.total_bytes == (est.params_bytes + est.optimizer_bytes + est.buffers_bytes
+                               + est.grads_bytes + est.overhead_bytes)
+    acts_bound = estimate(TrainerConfig(model="gpt-tiny", micro_batch_size=64,
+                                       global_batch_size=64), 1)
+    assert acts_bound.activations_bytes > acts_bound.grads_bytes
+    assert acts_bound.total_bytes - acts_bound.overhead_bytes == (
+        acts_bound.params_bytes + acts_bound.optimizer_bytes + acts_bound.buffers_bytes
+        + acts_bound.activations_bytes)
+    assert "(not at the peak)" in est.format()
+
+
+def test_the_runtime_overhead_depends_on_the_device() -> None:
+    cfg = TrainerConfig()
+    assert estimate(cfg, 1, "cpu").overhead_bytes == 3 * GIB // 4  # measured: see estimate.py
+    assert estimate(cfg, 1, "cuda").overhead_bytes == GIB // 2
+    with pytest.raises(ValueError, match="device"):
+        estimate(cfg, 1, "tpu")
+
+
+def test_cpu_offload_moves_model_states_off_a_gpu_only() -> None:
+    cfg = TrainerConfig(model="gpt-350m", strategy="fsdp", cpu_offload=True)
+    gpu, cpu = estimate(cfg, 4, "cuda"), estimate(cfg, 4, "cpu")
+    assert gpu.params_bytes == gpu.optimizer_bytes == 0 and gpu.offloaded_bytes > 0
+    assert cpu.offloaded_bytes == 0 and cpu.params_bytes > 0  # wrap_model offloads only on CUDA
+
+
+def test_the_host_peak_is_vmhwm_of_this_process(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t 9999 kB\nVmHWM:\t  2048 kB\nVmRSS:\t 1024 kB\n")
+    assert measure_peak("cpu", str(status)) == (2 << 20, "host_rss")
+    bytes_, measure = measure_peak("cpu")  # this test process, really
+    assert measure == "host_rss" and bytes_ > 10 << 20
+
+
+def test_a_chosen_malloc_mmap_threshold_is_kept() -> None:
+    assert return_freed_host_memory({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
 
 
 def test_checkpointing_and_half_precision_shrink_activations() -> None:
@@ -45,6 +101,17 @@ def test_summary_counts_steps_lost_per_resume() -> None:
              {"event": "finished", "time": 12}]
     s = summarize(recs)
     assert (s.finished, s.resumes, s.steps_lost, s.world_sizes) == (True, 1, 2, [2, 1])
+    assert s.peak_memory_bytes is None  # records from before the trainer measured it
+
+
+def test_summary_reports_the_largest_peak_memory_of_the_run(tmp_path: Path) -> None:
+    recs = [{"event": "step", "step": s, "loss": 1.0, "world_size": 1, "time": s,
+             "peak_memory": peak} for s, peak in ((1, 3 * GIB), (2, 5 * GIB), (3, 4 * GIB))]
+    summary = summarize(recs)
+    assert summary.peak_memory_bytes == 5 * GIB
+    write_summary(summary, {"agent-0": 0}, tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["peak_memory_bytes"] == 5 * GIB
+    assert "peak memory (rank 0): 5.00 GiB" in (tmp_path / "summary.txt").read_text()
 
 
 def test_progress_document_has_the_operator_fields() -> None:
@@ -55,6 +122,7 @@ def test_progress_document_has_the_operator_fields() -> None:
     training_since = doc.pop("trainingSince")
     started_at, last_step = doc.pop("startedAt"), doc.pop("lastStepTime")
     doc.pop("checkpointHealth")  # set by the checkpoint tests; see test_checkpoint_*.py
+    doc.pop("memory")  # see test_progress_document_reports_peak_memory_beside_the_estimate
     assert started_at <= last_step == training_since
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
@@ -63,6 +131,14 @@ def test_progress_document_has_the_operator_fields() -> None:
     assert training_since.endswith("Z")
     # 2024-01-01T00:00:00Z: the dashboard's checkpoint age is time() minus this gauge.
     assert metrics.LAST_CHECKPOINT_TIME._value.get() == 1704067200.0
+
+
+def test_progress_document_reports_peak_memory_beside_the_estimate() -> None:
+    metrics.record_memory_estimate(3 * GIB)
+    metrics.record_peak_memory(2 * GIB, "host_rss")
+    assert metrics.progress_document()["memory"] == {
+        "peakBytes": 2 * GIB, "measure": "host_rss", "estimateBytes": 3 * GIB}
+    assert metrics.PEAK_MEMORY._value.get() == 2 * GIB
 
 
 def test_progress_document_says_when_training_resumed_once_per_start() -> None:
@@ -109,6 +185,6 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
                             "resumedFromStep", "trainingSince", "startedAt", "lastStepTime",
-                            "checkpointHealth"}
+                            "checkpointHealth", "memory"}
     finally:
         server.shutdown()
