@@ -2,7 +2,7 @@
 
     elastrain run [JOB.yaml] --local [--workers N] [--simulate-preemption] [--fresh]
     elastrain validate JOB.yaml          # the same checks the CRD applies, offline
-    elastrain estimate [JOB.yaml] [--world-size N]
+    elastrain estimate [JOB.yaml] [--world-size N] [--device-memory 80GiB]
     elastrain describe NAME [-n NAMESPACE]
     elastrain operator [OPERATOR ARGS...]
     elastrain crds
@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("job", nargs="?")
     estimate.add_argument("--world-size", type=int, default=None,
                           help="workers x processes (default: spec.replicas x nprocPerNode)")
+    estimate.add_argument("--device-memory", default=None, metavar="SIZE",
+                          help="memory of one rank's device (GPU, or host RAM per rank for a "
+                          "CPU job), e.g. 80GiB: says whether the job fits and, if not, which "
+                          "knob makes it fit; exit 1 when it does not fit")
 
     describe = sub.add_parser("describe", help="a job's workers, restarts and checkpoints")
     describe.add_argument("name")
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.validate(text, origin)
         if args.command == "estimate":
             text, origin = _job_source(args.job)
-            return commands.estimate(text, origin, world_size=args.world_size)
+            return commands.estimate(text, origin, world_size=args.world_size,
+                                     device_memory=args.device_memory)
         if args.command == "describe":
             return commands.describe(args.name, args.namespace, args.kubeconfig)
         if args.command == "operator":

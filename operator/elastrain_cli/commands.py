@@ -142,21 +142,33 @@ def _clear_previous_run(out_dir: Path, checkpoint_uri: str) -> None:
         shutil.rmtree(checkpoint_uri.removeprefix("file://"), ignore_errors=True)
 
 
-def estimate(text: str, origin: str, *, world_size: int | None) -> int:
-    """Print per-rank memory for the job's trainer config at a world size."""
+def estimate(text: str, origin: str, *, world_size: int | None,
+             device_memory: str | None = None) -> int:
+    """Print per-rank memory for the job's trainer config at a world size; with
+    `device_memory` (e.g. "80GiB"), whether it fits and, if not, which knob makes it fit.
+    Exit 1 when it does not fit."""
     from elastrain_operator.render.env import render_trainer_env
     from elastrain_trainer.config import TrainerConfig
     from elastrain_trainer.estimate import estimate as estimate_memory
+    from elastrain_trainer.estimate import parse_bytes, plan_fit
 
     job = parse_job(text, origin)
     nproc = job.spec.nproc_per_node if isinstance(job.spec.nproc_per_node, int) else 1
     size = world_size or job.spec.replicas * nproc
+    resources = job.spec.resources
+    gpu = any(k.endswith("/gpu") for k in (*resources.limits, *resources.requests))
+    device = "cuda" if gpu else "cpu"
     try:
+        available = None if device_memory is None else parse_bytes(device_memory)
         config = TrainerConfig.from_env(render_trainer_env(job.spec, job.metadata.name))
-        print(estimate_memory(config, size).format())
+        print(estimate_memory(config, size, device).format())
+        if available is None:
+            return 0
+        plan = plan_fit(config, size, available, device)
     except ValueError as err:
         raise UserError(str(err)) from err
-    return 0
+    print(plan.format())
+    return 0 if plan.fits else 1
 
 
 def describe(name: str, namespace: str, kubeconfig: str | None) -> int:

@@ -1,5 +1,5 @@
-"""Per-rank memory of a config, the start-up check that refuses what cannot fit, and the
-measured peak the estimate is checked against.
+"""Per-rank memory of a config, the start-up check that refuses what cannot fit, what makes a
+config fit a device (`plan_fit`), and the measured peak the estimate is checked against.
 
 Per rank, at the step's peak:
 - model states: fp32 params + two fp32 AdamW moments (autocast keeps fp32 master weights),
@@ -137,6 +137,126 @@ def check_fits(est: MemoryEstimate, available_bytes: int, where: str) -> None:
             f"{_gib(available_bytes)} available; use a smaller ELASTRAIN_MODEL or "
             "ELASTRAIN_MICRO_BATCH_SIZE, ELASTRAIN_STRATEGY=fsdp with more workers, or "
             "ELASTRAIN_ACTIVATION_CHECKPOINTING=1\n" + est.format())
+
+
+# The knobs `plan_fit` tries, cheapest first, with how a TrainingJob spells them.
+KNOB_SETTINGS = {"strategy": "spec.strategy", "activation_checkpointing":
+                 "spec.trainer.activationCheckpointing", "micro_batch_size":
+                 "spec.trainer.microBatchSize", "cpu_offload": "spec.trainer.cpuOffload"}
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10,
+          "mi": 1 << 20, "mib": 1 << 20, "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40,
+          "tib": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """Config changes (TrainerConfig field -> value) and the estimate they give."""
+
+    changes: dict[str, object]
+    estimate: MemoryEstimate
+
+    def describe(self) -> str:
+        settings = ", ".join(f"{KNOB_SETTINGS[k]}: {_yaml(v)}" for k, v in self.changes.items())
+        return f"{settings} -> {_gib(self.estimate.total_bytes)}"
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Whether a config fits a device, and if not, what makes it fit."""
+
+    estimate: MemoryEstimate
+    device_bytes: int
+    fixes: list[Fix]  # empty when it fits as it is, or when nothing tried fits
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.total_bytes <= self.device_bytes
+
+    def format(self) -> str:
+        need, have = _gib(self.estimate.total_bytes), _gib(self.device_bytes)
+        if self.fits:
+            return f"fits: {need} of {have} per rank"
+        if not self.fixes:
+            return (f"does not fit: {need} of {have} per rank, and no knob tried (fsdp, "
+                    "activation checkpointing, micro-batch, cpu offload) makes it fit: use "
+                    "more workers under fsdp, or a smaller model")
+        return "\n".join([f"does not fit: {need} of {have} per rank; it fits with:"]
+                         + [f"  {fix.describe()}" for fix in self.fixes])
+
+
+def plan_fit(config: TrainerConfig, world_size: int, device_bytes: int,
+             device: str = "cuda") -> FitPlan:
+    """Pure: does `config` fit `device_bytes` per rank at `world_size`? If not, each single knob
+    that makes it fit (fsdp, activation checkpointing, the largest micro-batch that fits, cpu
+    offload under fsdp); if no single one does, the first cumulative combination that does."""
+    est = estimate(config, world_size, device)
+    if est.total_bytes <= device_bytes:
+        return FitPlan(est, device_bytes, [])
+    singles = [c for c in _single_knobs(est, config, device_bytes) if c]
+    fits = [f for f in (_try(config, est, c) for c in singles)
+            if f.estimate.total_bytes <= device_bytes]
+    if fits:
+        return FitPlan(est, device_bytes, fits)
+    combined: dict[str, object] = {}
+    for change in _single_knobs(est, config, device_bytes, smallest_batch=True):
+        combined.update(change)
+        fix = _try(config, est, dict(combined))
+        if fix.estimate.total_bytes <= device_bytes:
+            return FitPlan(est, device_bytes, [fix])
+    return FitPlan(est, device_bytes, [])
+
+
+def _single_knobs(est: MemoryEstimate, config: TrainerConfig, device_bytes: int,
+                  smallest_batch: bool = False) -> list[dict[str, object]]:
+    """One change per knob, cheapest first; {} where the knob is already set or cannot apply."""
+    fsdp: dict[str, object] = ({"strategy": "fsdp"} if config.strategy == "ddp"
+                               and est.world_size > 1 else {})
+    ckpt: dict[str, object] = ({} if config.activation_checkpointing
+                               else {"activation_checkpointing": True})
+    batches = _smaller_micro_batches(config, est.world_size)
+    if not smallest_batch:
+        # The largest micro-batch that fits keeps the most throughput.
+        batches = [m for m in batches if _try(config, est, {"micro_batch_size": m})
+                   .estimate.total_bytes <= device_bytes][:1]
+    batch: dict[str, object] = {"micro_batch_size": batches[-1]} if batches else {}
+    # Offloading only moves memory off a GPU (wrap_model offloads nothing on a CPU run).
+    offload: dict[str, object] = (
+        {} if config.cpu_offload or est.device != "cuda"
+        else {"cpu_offload": True} if config.strategy == "fsdp"
+        else {"strategy": "fsdp", "cpu_offload": True})
+    return [fsdp, ckpt, batch, offload]
+
+
+def _smaller_micro_batches(config: TrainerConfig, world_size: int) -> list[int]:
+    """Micro-batches below the current one that keep the global batch at this world, largest
+    first (global = micro x world x accumulation)."""
+    if config.global_batch_size % world_size:
+        return []
+    per_rank = config.global_batch_size // world_size
+    return [m for m in range(config.micro_batch_size - 1, 0, -1) if per_rank % m == 0]
+
+
+def _try(config: TrainerConfig, est: MemoryEstimate, changes: dict[str, object]) -> Fix:
+    changed = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    return Fix(changes, estimate(changed, est.world_size, est.device))
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '80Gi', '40G', '512MiB', '1e9' -> bytes (binary units for *i and *iB)."""
+    number = text.strip().rstrip("bBiIkKmMgGtT ")
+    unit = text.strip()[len(number):].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or value <= 0:
+        raise ValueError(f"{text!r} is not a memory size (e.g. 80GiB, 80Gi, 40GB, 512MiB)")
+    return int(value * _UNITS[unit])
+
+
+def _yaml(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def available_host_bytes(meminfo: str = "/proc/meminfo") -> int:
