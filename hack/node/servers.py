@@ -92,6 +92,18 @@ def normalized(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
+def _remove_orphan_ids(paths: NodePaths) -> None:
+    """CRI also names every image it saw by its id (`sha256:<config>`); those names outlive the
+    tag and keep an old 5 GB trainer image from the garbage collector (seen: 26 GB of stale
+    images in the cached root, and a full disk). Drop the ids no tagged image shares."""
+    rows = [line.split() for line in ctr(paths, "images", "ls").stdout.splitlines()[1:]]
+    digests = {cols[0]: cols[2] for cols in rows if len(cols) >= 3}
+    named = {d for ref, d in digests.items() if not ref.startswith("sha256:")}
+    orphans = [ref for ref, d in digests.items() if ref.startswith("sha256:") and d not in named]
+    if orphans:
+        ctr(paths, "images", "rm", *orphans, check=False)
+
+
 def import_image(paths: NodePaths, ref: str, archive: Path) -> bool:
     """Imports a docker-archive unless containerd already has `ref`; True when it imported.
     The containerd root is in the cache, so a warm run finds its images there. Other tags of
@@ -104,6 +116,7 @@ def import_image(paths: NodePaths, ref: str, archive: Path) -> bool:
     stale = [n for n in names if n.rpartition(":")[0] == repository]
     if stale:
         ctr(paths, "images", "rm", *stale, check=False)
+    _remove_orphan_ids(paths)
     done = ctr(paths, "images", "import", str(archive), check=False)
     if done.returncode != 0 or normalized(ref) not in image_names(paths):
         raise ClusterError(f"importing {archive} as {ref} failed: {done.stderr.strip()}")
