@@ -60,6 +60,10 @@ bench: venv build-deps  ## benchmarks; each prints ratios measured side by side 
 	$(BIN)/python bench/checkpoint_s3.py
 	$(BIN)/python bench/token_dataset.py
 
+.PHONY: bench-goodput
+bench-goodput: venv  ## goodput, steps lost and recovery under repeated SIGTERM/SIGKILL of a local worker (~25 min here)
+	$(BIN)/python bench/goodput.py $(BENCH_ARGS)
+
 TIER ?= a+
 .PHONY: cluster-up
 cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)
