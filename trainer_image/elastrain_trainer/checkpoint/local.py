@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterable
@@ -23,8 +24,17 @@ class LocalStorage:
 
     def write(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        for attempt in range(5):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                           suffix=".tmp")
+                break
+            except (FileNotFoundError, FileExistsError):
+                # Another node's delete() removed the directory as it emptied (two nodes
+                # sharing a root, as local mode and NFS do): make it again.
+                if attempt == 4:
+                    raise
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -68,5 +78,9 @@ class LocalStorage:
             parents.add(path.parent)
         for parent in parents:
             # Empty checkpoint directories are noise for humans listing the root.
-            if parent != self.root and parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
+            # Another node may be writing into it or removing it at the same moment: gone, or
+            # no longer empty, are both fine.
+            if parent != self.root:
+                with contextlib.suppress(OSError):
+                    if not any(parent.iterdir()):
+                        parent.rmdir()
