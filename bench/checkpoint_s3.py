@@ -12,31 +12,17 @@ managed upload of the same number of bytes from memory.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from s3_target import s3_target
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def start_minio(directory: Path) -> tuple[str, str, str, str, object]:
-    spec = importlib.util.spec_from_file_location("elastrain_hack_cluster",
-                                                  ROOT / "hack" / "cluster.py")
-    assert spec is not None and spec.loader is not None
-    cluster = importlib.util.module_from_spec(spec)
-    sys.modules["elastrain_hack_cluster"] = cluster
-    spec.loader.exec_module(cluster)
-    state = cluster.up(directory, tier="none", s3=True, die_with_parent=True)
-    return (state.s3_endpoint, state.s3_access_key, state.s3_secret_key, state.s3_bucket,
-            lambda: cluster.down(directory))
 
 
 def main() -> int:
@@ -45,20 +31,8 @@ def main() -> int:
     parser.add_argument("--model", default="gpt-100m")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    stop = None
-    endpoint = os.environ.get("ELASTRAIN_S3_ENDPOINT")
-    if endpoint:
-        key, secret = os.environ["ELASTRAIN_S3_ACCESS_KEY"], os.environ["ELASTRAIN_S3_SECRET_KEY"]
-        bucket = os.environ.get("ELASTRAIN_S3_BUCKET", "elastrain-test")
-    else:
-        endpoint, key, secret, bucket, stop = start_minio(Path(tempfile.mkdtemp()))
-    os.environ.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret,
-                      AWS_REGION="us-east-1")
-    try:
+    with s3_target() as (endpoint, bucket):
         run(args, endpoint, bucket)
-    finally:
-        if stop is not None:
-            stop()  # type: ignore[operator]
     return 0
 
 

@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
-from checkpoint_s3 import start_minio
+from s3_target import s3_target
 
 from elastrain_trainer.checkpoint.fsspec_storage import FsspecStorage
 from elastrain_trainer.checkpoint.s3 import S3Storage
@@ -54,21 +51,8 @@ def main() -> int:
     parser.add_argument("--shard-mib", type=int, default=64)
     parser.add_argument("--shards", type=int, default=4)
     args = parser.parse_args()
-    stop: Callable[[], object] | None = None
-    endpoint = os.environ.get("ELASTRAIN_S3_ENDPOINT")
-    if endpoint:
-        key, secret = os.environ["ELASTRAIN_S3_ACCESS_KEY"], os.environ["ELASTRAIN_S3_SECRET_KEY"]
-        bucket = os.environ.get("ELASTRAIN_S3_BUCKET", "elastrain-test")
-    else:
-        endpoint, key, secret, bucket, stopper = start_minio(Path(tempfile.mkdtemp()))
-        stop = stopper  # type: ignore[assignment]
-    os.environ.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret,
-                      AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
-    try:
+    with s3_target() as (endpoint, bucket):
         run(args, endpoint, bucket)
-    finally:
-        if stop is not None:
-            stop()
     return 0
 
 

@@ -17,7 +17,6 @@ cache (just written): "file" is the memory-map path, not a disk.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from checkpoint_s3 import start_minio  # noqa: E402
+from s3_target import s3_target  # noqa: E402
 
 from tests.token_files import llmc_bytes, pattern_tokens  # noqa: E402
 
@@ -75,20 +74,8 @@ def main() -> int:
     parser.add_argument("--compute-ms", type=float, default=20.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    stop = None
-    endpoint = os.environ.get("ELASTRAIN_S3_ENDPOINT")
-    if endpoint:
-        key, secret = os.environ["ELASTRAIN_S3_ACCESS_KEY"], os.environ["ELASTRAIN_S3_SECRET_KEY"]
-        bucket = os.environ.get("ELASTRAIN_S3_BUCKET", "elastrain-test")
-    else:
-        endpoint, key, secret, bucket, stop = start_minio(Path(tempfile.mkdtemp()))
-    os.environ.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret,
-                      AWS_REGION="us-east-1")
-    try:
+    with s3_target() as (endpoint, bucket):
         run(args, endpoint, bucket)
-    finally:
-        if stop is not None:
-            stop()  # type: ignore[operator]
     return 0
 
 
