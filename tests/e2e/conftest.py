@@ -36,10 +36,16 @@ RELEASE = "elastrain"
 CREDENTIALS_SECRET = "checkpoint-s3"
 
 
+HARNESS_TESTS = "test_harness_node.py"  # bring their own node: before the session `node`
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.e2e)
+    # Only one real node may run on a machine, and the session fixture keeps its node up to the
+    # end: the tests that start and stop nodes of their own must run before any other takes it.
+    items.sort(key=lambda item: Path(str(item.fspath)).name != HARNESS_TESTS)
 
 
 @dataclass(frozen=True)

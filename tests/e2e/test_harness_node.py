@@ -1,8 +1,8 @@
 """The real-node tier of the harness itself (hack/node): a node comes up with what the e2e suite
 relies on, keeps pod traffic on the machine, and `down` leaves the host as it was.
 
-This module starts and stops a node of its own, so it must run while no other node runs: it
-sorts before every module that uses the session `node` fixture (tests run in file order).
+This module starts and stops a node of its own, so it must run while no other node runs:
+tests/e2e/conftest.py moves it before every test that uses the session `node` fixture.
 """
 
 from __future__ import annotations
