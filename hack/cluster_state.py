@@ -8,7 +8,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -16,6 +15,8 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from elastrain_trainer.ports import free_port as free_port
 
 SHM = Path("/dev/shm")
 BUCKET = "elastrain-test"
@@ -29,12 +30,6 @@ class ClusterError(RuntimeError):
 
 
 # -------------------------------------------------------------------------------------- processes
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.error
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from elastrain_trainer.ports import free_port as free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "trainingjobs.elastrain.dev.yaml"
@@ -23,12 +24,6 @@ def kubectl(kube: Any, *args: str, input_text: str | None = None,
     return subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), *args],
                           input=input_text, capture_output=True, text=True, check=check,
                           timeout=120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float] | None:

@@ -23,6 +23,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from elastrain_trainer.events import parse_line
+from elastrain_trainer.ports import free_port
 from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_summary
 
 RDZV_CONF = ("is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,"
@@ -262,13 +263,6 @@ def print_record(agent: str, r: Record) -> None:
     # One write per line: agents' pump threads print concurrently.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def descendants(pid: int) -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.model import GPT
+from elastrain_trainer.ports import free_port
 
 # A dead peer normally fails gloo at once; this bounds the cases where it does not.
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
@@ -79,7 +79,7 @@ def init_distributed(denv: DistEnv) -> Groups:
         backend = "gloo"
     if "MASTER_ADDR" not in os.environ:
         # Outside torchrun: a world of one with a private store on a free port.
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                           WORLD_SIZE="1")
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     # new_group is itself collective: every rank creates both, in this order.
@@ -87,13 +87,6 @@ def init_distributed(denv: DistEnv) -> Groups:
     checkpoint = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     assert isinstance(control, dist.ProcessGroup) and isinstance(checkpoint, dist.ProcessGroup)
     return Groups(control, checkpoint)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv) -> nn.Module:

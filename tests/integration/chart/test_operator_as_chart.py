@@ -10,7 +10,6 @@ import functools
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from elastrain_trainer.ports import free_port
 from tests.integration.chart.conftest import Installer, helm
 from tests.integration.conftest import kubectl, scrape
 from tests.unit.chart.chartlib import CHART, ROOT
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SA = "elastrain"
 RECONCILES = "elastrain_operator_reconcile_duration_seconds_count"  # every reconcile, any result
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _eventually(what: str, probe: Callable[[], Any], timeout: float, logs: Callable[[], str]
@@ -108,7 +102,7 @@ def test_operator_works_with_exactly_the_charts_rbac_and_flags(
                  "--set", f"operator.watchNamespaces.{kube_namespace}=true"]
     release, _ = install_chart(kube_namespace, *sets)
     container = _rendered_container(monitoring_crds, release, kube_namespace)
-    health, metrics = _free_port(), _free_port()
+    health, metrics = free_port(), free_port()
     args = _local_args(container["args"], health, metrics)
     assert ("--standalone" in args) == (mode == "cluster-wide-standalone")
     env = {**os.environ, "KUBECONFIG": str(_service_account_kubeconfig(
@@ -216,7 +210,7 @@ def test_charts_ha_values_run_two_replicas_of_which_one_acts(
     kubeconfig = _service_account_kubeconfig(monitoring_crds, kube_namespace,
                                              tmp_path / "kubeconfig")
     pods = [f"{SA}-replica-{i}" for i in range(2)]
-    ports = {pod: (_free_port(), _free_port()) for pod in pods}
+    ports = {pod: (free_port(), free_port()) for pod in pods}
     procs = {pod: _start_replica(container, kubeconfig, pod, tmp_path / f"{pod}.log", *ports[pod])
              for pod in pods}
 

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from elastrain_trainer.ports import free_port
 from tests.unit.chart.chartlib import CHART, ROOT
 
 pytestmark = pytest.mark.prometheus
@@ -50,12 +50,6 @@ def _tool(name: str) -> str:
     path = shutil.which(name)
     assert path, f"the Debian package prometheus did not install {name}"
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes:
@@ -90,7 +84,7 @@ def exporters() -> Iterator[dict[str, str]]:
         [str(ROOT / "operator"), str(ROOT / "trainer_image"), os.environ.get("PYTHONPATH", "")])}
     try:
         for role in ("operator", "trainer"):
-            port = _free_port()
+            port = free_port()
             procs.append(subprocess.Popen([sys.executable, str(EXPORTERS), role, str(port)],
                                           env=env, stderr=subprocess.PIPE, text=True))
             urls[role] = f"http://127.0.0.1:{port}/metrics"
@@ -127,7 +121,7 @@ def prometheus(exporters: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         ],
     }
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (directory / "prometheus.log").open("w")
     proc = subprocess.Popen([binary, f"--config.file={directory / 'prometheus.yml'}",
                              f"--storage.tsdb.path={directory / 'data'}",

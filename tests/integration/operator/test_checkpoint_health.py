@@ -12,7 +12,6 @@ both mid-training and at start.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -25,18 +24,13 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.events import parse_line
+from elastrain_trainer.ports import free_port
 from tests.integration.operator.conftest import Cluster, Operator, wait_for
 from tests.integration.trainer.conftest import s3_env, subprocess_env, trainer_env
 from tests.integration.trainer.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.s3, pytest.mark.timeout(300)]
 FAILING = "CheckpointsFailing"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Trainer:
@@ -77,6 +71,9 @@ class Trainer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        # Shown with a failed test's captured output: what the trainer said, not just a timeout.
+        tail = self.stderr.read_text(errors="replace").splitlines()[-40:]
+        print(f"--- trainer (exit {self.proc.returncode}) stderr tail ---", *tail, sep="\n")
 
 
 def start_job(cluster: Cluster, port: int) -> None:

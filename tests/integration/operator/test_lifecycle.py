@@ -6,7 +6,6 @@ Each test runs `python -m elastrain_operator --standalone --namespace <test ns>`
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.request
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from elastrain_operator.k8s.client import namespaced
+from elastrain_trainer.ports import free_port
 from tests.integration.operator.conftest import Cluster, Operator, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -342,12 +342,6 @@ def test_liveness_and_metrics_endpoints(cluster: Cluster,
             body := _get(f"http://127.0.0.1:{metrics_port}/metrics") or "") else None))
     assert "elastrain_operator_workers_created_total 3.0" in text
     assert 'elastrain_operator_reconcile_total{result="success"}' in text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> str | None:
