@@ -5,6 +5,7 @@ Part of hack/cluster.py (standard library only)."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import signal
@@ -15,9 +16,22 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from elastrain_trainer.ports import free_port as free_port
 
+def _ports_module() -> Any:
+    """The trainer's port picker (elastrain_trainer/ports.py, standard library only), loaded from
+    its file: importing the package would run its __init__ (pydantic), and this harness runs
+    under a bare python3 too."""
+    path = Path(__file__).resolve().parents[1] / "trainer_image/elastrain_trainer/ports.py"
+    spec = importlib.util.spec_from_file_location("elastrain_ports", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+free_port: Callable[..., int] = _ports_module().free_port
 SHM = Path("/dev/shm")
 BUCKET = "elastrain-test"
 REGION = "us-east-1"
