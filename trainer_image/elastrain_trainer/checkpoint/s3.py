@@ -81,6 +81,37 @@ class _MemoryReader(io.RawIOBase):
         return n
 
 
+class _MemoryWriter(io.RawIOBase):
+    """A seekable write-only file over preallocated memory, for downloads with no copy."""
+
+    def __init__(self, into: bytearray | memoryview) -> None:
+        self._view = memoryview(into).cast("B")
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        chunk = memoryview(data).cast("B")
+        n = chunk.nbytes
+        if self._pos + n > len(self._view):
+            raise ValueError("the object is larger than the memory for it")
+        self._view[self._pos:self._pos + n] = chunk
+        self._pos += n
+        return n
+
+
 class S3Storage:
     """Keys live under s3://bucket/prefix/."""
 
