@@ -1,14 +1,18 @@
 """DCP StorageWriter/StorageReader over a CheckpointStorage, with per-file sha256.
 
-We reuse DCP's file format (FileSystemWriter/Reader) and swap its filesystem for one that
-keeps each shard in memory and hands it to the storage in one managed put; so S3 gets a
-multipart parallel upload with no temp copy on disk, and every file's digest is known
-the moment it is written. Reads verify every file against the manifest before DCP sees
-a byte, so a corrupt shard raises CorruptCheckpointError (on every rank, via DCP).
+We reuse DCP's file format (FileSystemWriter/Reader) and swap its filesystem for one over
+our storage. On a StreamingStorage (s3://) a shard is uploaded in parts while DCP is still
+serialising it and hashed on the way, with no whole-shard buffer; a read fetches the shard's
+ranges in parallel into one preallocated buffer and hashes them as they arrive. Other
+backends get each shard in memory and store it with one write. Either way every file's
+digest is known the moment it is written, and reads verify every file against the manifest
+before DCP sees a byte, so a corrupt shard raises CorruptCheckpointError (on every rank,
+via DCP).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -16,6 +20,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
@@ -26,8 +31,13 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from elastrain_trainer.checkpoint.manifest import FileDigest, digest, verify_file
-from elastrain_trainer.checkpoint.storage import CheckpointStorage, join
+from elastrain_trainer.checkpoint.manifest import (
+    CorruptCheckpointError,
+    FileDigest,
+    digest,
+    verify_file,
+)
+from elastrain_trainer.checkpoint.storage import CheckpointStorage, StreamingStorage, join
 
 CommitFn = Callable[[dict[str, FileDigest], int], None]
 
@@ -53,6 +63,46 @@ class _UploadOnClose(io.BytesIO):
         super().close()
 
 
+def _closing(stream: _UploadOnClose) -> Generator[io.IOBase, None, None]:
+    """Yield a buffer that becomes an object on a clean exit, and nothing on an error."""
+    try:
+        yield stream
+    except BaseException:
+        stream.abort()
+        raise
+    stream.close()
+
+
+class _ViewReader(io.RawIOBase):
+    """A seekable read-only stream over memory: DCP's views and torch.load read it in place."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self._view[self._pos:self._pos + len(buffer)]
+        n = chunk.nbytes
+        memoryview(buffer).cast("B")[:n] = chunk
+        self._pos += n
+        return n
+
+
 class StorageFileSystem(FileSystemBase):
     """DCP's filesystem interface; paths are storage keys."""
 
@@ -61,24 +111,53 @@ class StorageFileSystem(FileSystemBase):
         self.storage = storage
         self.verify = verify  # manifest to check reads against; None while writing
         self.written: dict[str, FileDigest] = {}
+        self._staged: dict[str, bytes] = {}
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str],
                       mode: str) -> Generator[io.IOBase, None, None]:
         key = str(path)
         if mode == "rb":
+            with self._read_stream(key) as stream:
+                yield stream
+            return
+        if key.endswith(".tmp"):
+            # DCP writes .metadata as a .tmp and renames it; keep it here until the rename.
+            staged = _UploadOnClose(lambda view: self._staged.__setitem__(key, bytes(view)))
+            yield from _closing(staged)
+            return
+        if isinstance(self.storage, StreamingStorage):
+            writer = self.storage.open_writer(key)
+            try:
+                yield writer  # type: ignore[misc]
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+            assert writer.digest is not None
+            self.written[key] = FileDigest(*writer.digest)
+            return
+        yield from _closing(_UploadOnClose(lambda view: self._put(key, view)))
+
+    @contextmanager
+    def _read_stream(self, key: str) -> Generator[io.IOBase, None, None]:
+        name = key.rsplit("/", 1)[-1]
+        expected = self.verify.get(name) if self.verify is not None else None
+        if expected is None or not isinstance(self.storage, StreamingStorage):
             data = self.storage.read(key)
             if self.verify is not None:
-                verify_file(key.rsplit("/", 1)[-1], data, self.verify)
+                verify_file(name, data, self.verify)
             yield io.BytesIO(data)
             return
-        stream = _UploadOnClose(lambda view: self._put(key, view))
-        try:
-            yield stream
-        except BaseException:
-            stream.abort()
-            raise
-        stream.close()
+        # torch.empty, not bytearray: no pass over the memory to zero it first.
+        memory = torch.empty(expected.size, dtype=torch.uint8)
+        view = memoryview(memory.numpy()).cast("B")  # type: ignore[arg-type]
+        hasher = hashlib.sha256()
+        self.storage.read_into(key, view, hasher.update)
+        if hasher.hexdigest() != expected.sha256:
+            raise CorruptCheckpointError(
+                f"{name}: sha256 {hasher.hexdigest()[:12]} != manifest {expected.sha256[:12]}")
+        yield _ViewReader(view)
 
     def _put(self, key: str, data: memoryview) -> None:
         self.storage.write(key, data)
@@ -88,7 +167,11 @@ class StorageFileSystem(FileSystemBase):
         return join(str(path), suffix)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
-        # Only DCP's .metadata goes through here; it is small, so copy + delete is fine.
+        # Only DCP's .metadata goes through here, written as a staged .tmp (see create_stream).
+        staged = self._staged.pop(str(path), None)
+        if staged is not None:
+            self._put(str(new_path), memoryview(staged))
+            return
         data = self.storage.read(str(path))
         self._put(str(new_path), memoryview(data))
         self.storage.delete([str(path)])

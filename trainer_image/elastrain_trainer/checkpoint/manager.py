@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -75,6 +76,10 @@ class CheckpointManager:
         self.last_error: BaseException | None = None
         self._pending: _Pending | None = None
         self._loaded_step: int | None = None
+        # Async saves copy the state into host buffers kept from one save to the next: the
+        # copy then lands in memory already mapped (DCP's default stager is made and dropped
+        # per save, so every save paid for fresh pages). Costs one copy of the state in RAM.
+        self._stager: DefaultStager | None = None
 
     # -- save -------------------------------------------------------------------------
     def save(self, req: SaveRequest, *, blocking: bool = False) -> float:
@@ -91,7 +96,10 @@ class CheckpointManager:
                                   lambda files, world: self._commit(req, files, world))
         try:
             if self.async_save and not blocking:
-                future = dcp_async_save(req.state, storage_writer=writer, process_group=self.pg)
+                if self._stager is None:
+                    self._stager = DefaultStager(StagingOptions(False, False, False, False))
+                future = dcp_async_save(req.state, storage_writer=writer, process_group=self.pg,
+                                        async_stager=self._stager)
                 assert isinstance(future, Future)
                 blocked = time.monotonic() - t0
                 self._pending = _Pending(req.step, future, t0, blocked)
@@ -130,6 +138,9 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def _finished(self, step: int, started: float, blocked_s: float,
                   error: BaseException | None) -> None:

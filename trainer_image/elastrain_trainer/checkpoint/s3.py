@@ -10,7 +10,9 @@ seconds instead of hanging the background uploader.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, cast
 
 import boto3
@@ -33,6 +35,12 @@ from elastrain_trainer.checkpoint.diagnose import (
     STORE_ERROR,
     UNREACHABLE,
     Explanation,
+)
+from elastrain_trainer.checkpoint.s3_transfer import (
+    IN_FLIGHT_PARTS,
+    PART_BYTES,
+    MultipartWriter,
+    read_ranges,
 )
 
 MIB = 1 << 20
@@ -116,10 +124,21 @@ class S3Storage:
     """Keys live under s3://bucket/prefix/."""
 
     def __init__(self, uri: str, endpoint_url: str | None = None,
-                 client: Any | None = None) -> None:
+                 client: Any | None = None, part_bytes: int = PART_BYTES) -> None:
         self.bucket, self.prefix = parse_s3_uri(uri)
+        self.part_bytes = part_bytes  # of streamed writes and reads (S3's minimum is 5 MiB)
         self.client = client or boto3.client("s3", endpoint_url=endpoint_url,
                                              config=CLIENT_CONFIG)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _transfers(self) -> ThreadPoolExecutor:
+        # One pool per storage, shared by its streamed writes and reads; made on first use.
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(IN_FLIGHT_PARTS,
+                                                thread_name_prefix="elastrain-s3")
+            return self._pool
 
     @property
     def uri(self) -> str:
@@ -133,6 +152,24 @@ class S3Storage:
         self.client.upload_fileobj(cast(IO[bytes], _MemoryReader(data)), self.bucket,
                                    self._key(key),
                                    Config=TRANSFER)
+
+    def open_writer(self, key: str) -> MultipartWriter:
+        """A stream that uploads as it is written and becomes the object on close() (see
+        s3_transfer); abort() drops it."""
+        return MultipartWriter(self.client, self.bucket, self._key(key), self._transfers(),
+                               part_bytes=self.part_bytes)
+
+    def read_into(self, key: str, into: memoryview,
+                  on_range: Callable[[memoryview], None] | None = None) -> None:
+        """Fill `into`, exactly the object's size, with ranged parallel GETs; `on_range` sees
+        the bytes in order while later ranges still arrive."""
+        try:
+            read_ranges(self.client, self.bucket, self._key(key), into, self._transfers(),
+                        on_range, part_bytes=self.part_bytes)
+        except ClientError as e:
+            if _is_not_found(e):
+                raise FileNotFoundError(f"{self.uri}/{key}") from e
+            raise
 
     def read(self, key: str) -> bytes:
         buf = io.BytesIO()

@@ -8,7 +8,7 @@ reader sees the old object, the whole new one, or nothing), which is what commit
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 
@@ -32,6 +32,33 @@ class CheckpointStorage(Protocol):
 
     def delete(self, keys: Iterable[str]) -> None:
         """Remove these keys; missing keys are not an error."""
+
+
+class ObjectWriter(Protocol):
+    """A stream that becomes one object on close(); `digest` then holds (size, sha256)."""
+
+    digest: tuple[int, str] | None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None:
+        """Drop what was written: the object does not appear."""
+
+
+@runtime_checkable
+class StreamingStorage(CheckpointStorage, Protocol):
+    """A backend that also streams large objects (s3.py): writes upload while the caller still
+    writes, hashing as they go; reads fill preallocated memory with parallel ranges."""
+
+    def open_writer(self, key: str) -> ObjectWriter: ...
+
+    def read_into(self, key: str, into: memoryview,
+                  on_range: Callable[[memoryview], None] | None = None) -> None:
+        """Fill `into`, exactly the object's size; `on_range` sees the bytes in order."""
 
 
 def join(*parts: str) -> str:
