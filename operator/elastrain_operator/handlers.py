@@ -1,67 +1,89 @@
-"""kopf handler registrations, and nothing else: each one calls reconcile_once().
+"""kopf handler registrations, and nothing else: each notes which job needs a look.
 
-- create/update/resume of a TrainingJob;
-- a timer that re-checks actual state every ELASTRAIN_TIMER_INTERVAL_SECONDS (and polls the
-  trainers' progress every ELASTRAIN_PROGRESS_INTERVAL_SECONDS);
-- every event of a pod labelled with a job's name triggers that job's reconcile (workers and
-  stores are owned pods; a deleted job's pods are released this way too).
+They run on kopf's event loop and return at once; the operator's work queue (workqueue.py)
+runs reconcile_if_needed() for the noted jobs on threads of its own:
+- every watch event of a TrainingJob, and of a pod or Service labelled with a job's name, updates
+  the in-memory view (k8s.cache); a change the planner can see queues the job as urgent (a
+  deleted job's pods are released this way too);
+- a timer queues each job as routine every ELASTRAIN_TIMER_INTERVAL_SECONDS (and asks for the
+  trainers' progress every ELASTRAIN_PROGRESS_INTERVAL_SECONDS): time-driven steps (backoff,
+  deadlines, TTL, the hang watchdog) and anything the watch missed.
+Under peering kopf pauses all of these on the replicas that are not active.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from elastrain_operator.k8s.client import Kube
 from elastrain_operator.model.names import LABEL_JOB
 from elastrain_operator.model.spec import API_GROUP, API_VERSION, PLURAL
-from elastrain_operator.reconcile import JobGate, Options, reconcile_once
 from elastrain_operator.startup import (
-    HANDLER_BACKOFF_SECONDS,
     PROGRESS_INTERVAL_SECONDS,
     TIMER_INTERVAL_SECONDS,
     OperatorState,
     configure,
 )
 
-GATE = JobGate()
 kopf.on.startup()(configure)
 
 
-def _kube(memo: Any) -> Kube:
+def _state(memo: Any) -> OperatorState:
     state: OperatorState = memo.state
-    assert state.kube is not None, "the startup handler creates the client"
-    return state.kube
+    assert state.queue is not None, "the startup handler creates the queue"
+    return state
 
 
-def _run(memo: Any, namespace: str | None, name: str, *, poll: bool = False) -> None:
-    assert namespace, "TrainingJobs and pods are namespaced"
-    kube = _kube(memo)
-    GATE.run((namespace, name),
-             lambda: reconcile_once(kube, namespace, name, Options(poll_progress=poll)))
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+async def on_job_event(*, type: str | None, body: kopf.Body, namespace: str | None, name: str,
+                       memo: Any, **_: Any) -> None:
+    state = _state(memo)
+    assert namespace and state.queue
+    key = (namespace, name)
+    if type == "DELETED":
+        state.cache.drop_job(key)
+        state.last_progress_poll.pop(str(body.get("metadata", {}).get("uid")), None)
+    elif not state.cache.put_job(dict(body)):
+        return
+    state.queue.add(key, urgent=True)
 
 
-@kopf.on.resume(API_GROUP, API_VERSION, PLURAL, backoff=HANDLER_BACKOFF_SECONDS)
-@kopf.on.create(API_GROUP, API_VERSION, PLURAL, backoff=HANDLER_BACKOFF_SECONDS)
-@kopf.on.update(API_GROUP, API_VERSION, PLURAL, backoff=HANDLER_BACKOFF_SECONDS)
-def on_job_change(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    _run(memo, namespace, name)
+async def _on_child_event(kind: str, type: str | None, body: kopf.Body, memo: Any) -> None:
+    state = _state(memo)
+    assert state.queue
+    if type is None:
+        state.cache.relisted()
+    if type == "DELETED":
+        key = state.cache.remove(kind, dict(body))
+    elif kind == "pods":
+        key = state.cache.put_pod(dict(body))
+    else:
+        key = state.cache.put_service(dict(body))
+    if key is not None:
+        state.queue.add(key, urgent=True)
+
+
+@kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+async def on_owned_pod_event(*, type: str | None, body: kopf.Body, memo: Any,
+                             **_: Any) -> None:
+    await _on_child_event("pods", type, body, memo)
+
+
+@kopf.on.event("v1", "services", labels={LABEL_JOB: kopf.PRESENT})
+async def on_owned_service_event(*, type: str | None, body: kopf.Body, memo: Any,
+                                 **_: Any) -> None:
+    await _on_child_event("services", type, body, memo)
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TIMER_INTERVAL_SECONDS, sharp=False)
-def on_timer(*, namespace: str | None, name: str, uid: str, memo: Any, **_: Any) -> None:
-    state: OperatorState = memo.state
+async def on_timer(*, namespace: str | None, name: str, uid: str, memo: Any,
+                   **_: Any) -> None:
+    state = _state(memo)
+    assert namespace and state.queue
     now = time.monotonic()
     poll = now - state.last_progress_poll.get(uid, 0.0) >= PROGRESS_INTERVAL_SECONDS
     if poll:
         state.last_progress_poll[uid] = now
-    _run(memo, namespace, name, poll=poll)
-
-
-@kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-def on_owned_pod_event(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                       **_: Any) -> None:
-    _run(memo, namespace, labels[LABEL_JOB])
+    state.queue.add((namespace, name), urgent=False, poll=poll)

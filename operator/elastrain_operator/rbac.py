@@ -17,13 +17,14 @@ class Rule(NamedTuple):
 
 RULES: Final[tuple[Rule, ...]] = (
     # The jobs: watched by kopf, read fresh by every reconcile, deleted by the TTL, and patched
-    # by kopf for its progress/diff-base annotations.
+    # by kopf for its finalizer.
     Rule(("elastrain.dev",), ("trainingjobs",),
          ("get", "list", "watch", "patch", "delete")),
     Rule(("elastrain.dev",), ("trainingjobs/status",), ("get", "update", "patch")),
-    # Workers and rendezvous stores; patch removes the accounting finalizer.
+    # Workers and rendezvous stores (watched into the operator's view); patch removes the
+    # accounting finalizer.
     Rule(("",), ("pods",), ("get", "list", "watch", "create", "delete", "patch")),
-    Rule(("",), ("services",), ("get", "list", "create")),
+    Rule(("",), ("services",), ("get", "list", "watch", "create")),
     Rule(("",), ("events",), ("create", "patch")),  # ours and kopf's (core v1 events)
     # kopf peering: which replica acts; the operator creates its peering object when missing.
     Rule(("kopf.dev",), ("kopfpeerings", "clusterkopfpeerings"),

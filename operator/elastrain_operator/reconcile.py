@@ -1,9 +1,12 @@
 """One reconcile of one TrainingJob: parse -> observe -> plan -> write status -> apply -> events.
 
-Every kopf handler (create/update/resume, the timer, owned-pod events) calls reconcile_once(),
-which starts from a fresh read of the job, so nothing in this process's memory matters: an
-operator restarted at any moment picks up exactly where the cluster says things are. A status
-write that loses a race (409) makes the round start over from a fresh read.
+Every trigger (a watch event of the job or of one of its children, the timer) first asks
+needs_round(): the same plan, made from the watch-fed view (k8s.cache) without a request to the
+apiserver; only when that plan would change something does reconcile_once() run. It starts from
+a fresh read of the job (the status carries the accounting), observes the children from the
+view when it can be trusted (else live), and writes the status with the job's resourceVersion,
+so a restarted operator picks up exactly where the cluster says things are. A status write that
+loses a race (409) makes the round start over from a fresh read.
 
 In-process, concurrent triggers for the same job are coalesced by JobGate: one round runs at a
 time per job, and triggers that arrive meanwhile make it run once more. Across processes kopf
@@ -30,13 +33,15 @@ from elastrain_operator.k8s.apply import (
     release_pod,
     write_status,
 )
+from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, Manifest
 from elastrain_operator.k8s.events import post_events
 from elastrain_operator.k8s.observe import observe, orphaned_pods, read_job
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus
-from elastrain_operator.policy.planning import plan
+from elastrain_operator.policy.planning import Plan, plan
+from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.probe import poll_progress
 
@@ -51,7 +56,46 @@ def utcnow() -> datetime:
 @dataclass(frozen=True)
 class Options:
     poll_progress: bool = False
+    progress: tuple[ProgressReport, ...] | None = None  # already polled: use, do not poll again
     clock: Callable[[], datetime] = utcnow
+    cache: Cache | None = None  # the watch-fed view; None: observe everything live
+
+
+def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
+    """Whether applying the plan would change anything in the cluster."""
+    return bool(p.status != job.status or p.create or p.delete_pods or p.release_pods
+                or p.delete_job or p.events or orphans)
+
+
+def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
+    """Plan from the watch-fed view alone (no request, bar a due progress poll): is a
+    reconcile_once() needed? Also returns its options, carrying the progress polled here."""
+    cached = cache.job(key)
+    if cached is None:  # deleted (or not seen yet: its own event will come)
+        return bool(cache.orphans(key)), options
+    if cached.job is None:
+        return True, options  # unparseable: the round reports it (and writes nothing twice)
+    if cache.waiting(key):
+        return False, options  # our own creations are on their way; their events re-trigger
+    children = cache.children(key, cached.job.metadata.uid)
+    if children is None:
+        return True, options
+    observed = children.observed
+    if options.poll_progress:
+        observed = replace(observed, progress=poll_progress(observed.workers,
+                                                            cached.job.spec.metrics_port))
+        options = replace(options, progress=observed.progress, poll_progress=False)
+    p = plan(cached.job, observed, now=options.clock())
+    return has_work(p, cached.job, children.orphans), options
+
+
+def reconcile_if_needed(kube: Kube, key: Key, options: Options) -> str | None:
+    """What every trigger runs: the cheap check, then a round when it found work."""
+    if options.cache is not None:
+        needed, options = needs_round(options.cache, key, options)
+        if not needed:
+            return None
+    return reconcile_once(kube, key[0], key[1], options)
 
 
 def reconcile_once(kube: Kube, namespace: str, name: str, options: Options = Options()) -> str:
@@ -69,7 +113,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
     for _ in range(ROUNDS):
         raw = read_job(kube, namespace, name)
         if raw is None:
-            for pod in orphaned_pods(kube, namespace, name):
+            for pod in orphaned_pods(kube, namespace, name, options.cache):
                 release_pod(kube, namespace, pod)
             return "success"
         now = options.clock()
@@ -89,16 +133,22 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
 def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
            now: datetime) -> None:
     ns = job.metadata.namespace
-    children = observe(kube, job)
+    children = observe(kube, job, options.cache)
     observed = children.observed
-    if options.poll_progress:
+    if options.progress is not None:
+        observed = replace(observed, progress=options.progress)
+    elif options.poll_progress:
         observed = replace(observed, progress=poll_progress(observed.workers,
                                                             job.spec.metrics_port))
     p = plan(job, observed, now=now)
     if p.status != job.status:
-        write_status(kube, raw, p.status)
+        written = write_status(kube, raw, p.status)
+        if options.cache is not None and written:
+            options.cache.put_job(written)  # the next check plans from what we wrote
     applied = apply_children(kube, ns, delete=p.delete_pods,
                              release=p.release_pods + children.orphans, create=p.create)
+    if options.cache is not None:
+        options.cache.expect((ns, job.metadata.name), list(applied.present))
     if p.delete_job:
         delete_job(kube, ns, job.metadata.name)
     events = list(p.events) + [EventSpec("Warning", c.CREATE_FAILED, e)

@@ -3,6 +3,7 @@
 - Progress and diff-base in annotations (prefix elastrain.dev): the structural status schema
   would prune kopf's default `status.kopf`, and the status is ours alone.
 - Watch timeouts so a silently dead watch connection is noticed and re-established.
+- The work queue's threads (ELASTRAIN_WORKERS) and a client connection pool as large as them.
 - Peering: the operator creates its KopfPeering object (per watched namespace) or
   ClusterKopfPeering when missing, so HA needs only the peering CRDs (crds/kopf-peering.yaml).
 """
@@ -17,7 +18,10 @@ from typing import Any
 import kopf
 
 from elastrain_operator import metrics
+from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
+from elastrain_operator.reconcile import Options, reconcile_if_needed
+from elastrain_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 PEERING_GROUP_VERSION = "kopf.dev/v1"
@@ -31,6 +35,7 @@ def env_seconds(name: str, default: float) -> float:
 TIMER_INTERVAL_SECONDS = env_seconds("ELASTRAIN_TIMER_INTERVAL_SECONDS", 5.0)
 PROGRESS_INTERVAL_SECONDS = env_seconds("ELASTRAIN_PROGRESS_INTERVAL_SECONDS", 15.0)
 HANDLER_BACKOFF_SECONDS = env_seconds("ELASTRAIN_HANDLER_BACKOFF_SECONDS", 2.0)
+WORKERS = int(os.environ.get("ELASTRAIN_WORKERS", "8"))
 
 
 @dataclass
@@ -51,7 +56,14 @@ class OperatorState:
     """The per-process objects handlers share (a client, not cluster state)."""
 
     kube: Kube | None = None
+    cache: Cache = field(default_factory=Cache)
+    queue: WorkQueue | None = None
     last_progress_poll: dict[str, float] = field(default_factory=dict)
+
+    def handle(self, key: Key, poll: bool) -> None:
+        """What a queue thread runs for one job."""
+        assert self.kube is not None
+        reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache))
 
 
 def _ensure_peering(kube: Kube, options: RuntimeOptions) -> None:
@@ -86,11 +98,13 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.peering.stealth = True
     settings.peering.lifetime = options.peering_lifetime_seconds
-    settings.execution.max_workers = 16
+    settings.execution.max_workers = 4  # kopf's own threads: our handlers are async
     # The TTL deletes the job from inside its own timer; kopf re-checks whether that timer has
     # exited only every cancellation_polling seconds (60 by default) before it lets the job go.
     settings.background.cancellation_polling = 1.0
-    state.kube = Kube(load_api_client())
+    state.kube = Kube(load_api_client(pool_size=WORKERS + 4))
+    state.queue = WorkQueue(state.handle, workers=WORKERS, retry_seconds=HANDLER_BACKOFF_SECONDS)
+    state.queue.start()
     if not options.standalone:
         _ensure_peering(state.kube, options)
     metrics.serve(options.metrics_port)

@@ -18,7 +18,7 @@ ClusterRoleBinding.
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "create"]
+  verbs: ["get", "list", "watch", "create"]
 # Events of the operator and of kopf (core v1).
 - apiGroups: [""]
   resources: ["events"]

@@ -26,14 +26,17 @@ class StatusConflict(Exception):
 class Applied:
     workers_created: int = 0
     create_errors: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()  # children created now or found existing
 
 
-def write_status(kube: Kube, raw_job: Manifest, status: TrainingJobStatus) -> None:
-    """PUT the whole status with the resourceVersion we read: a lost race raises."""
+def write_status(kube: Kube, raw_job: Manifest, status: TrainingJobStatus) -> Manifest:
+    """PUT the whole status with the resourceVersion we read: a lost race raises. Returns the
+    job as written."""
     meta = raw_job["metadata"]
     body = {**raw_job, "status": status.to_api()}
     try:
-        kube.request("PUT", job_path(meta["namespace"], meta["name"]) + "/status", body=body)
+        return kube.request("PUT", job_path(meta["namespace"], meta["name"]) + "/status",
+                            body=body)
     except KubeError as err:
         if err.conflict:
             raise StatusConflict(str(err)) from err
@@ -81,17 +84,19 @@ def apply_children(kube: Kube, namespace: str, *, delete: tuple[str, ...],
         delete_pod(kube, namespace, name)
     for name in release:
         release_pod(kube, namespace, name)
-    created, errors = 0, []
+    created, errors, present = 0, [], []
     for manifest in create:
         try:
-            if create_child(kube, manifest) and manifest["kind"] == "Pod" and \
+            new = create_child(kube, manifest)
+            present.append(manifest["metadata"]["name"])
+            if new and manifest["kind"] == "Pod" and \
                     manifest["metadata"]["labels"].get("elastrain.dev/role") == "worker":
                 created += 1
         except KubeError as err:
             # Quota, admission webhooks, a bad template: report and go on with the others.
             errors.append(f"{manifest['kind']} {manifest['metadata']['name']}: {err}")
             log.warning("creating %s failed: %s", manifest["metadata"]["name"], err)
-    return Applied(workers_created=created, create_errors=tuple(errors))
+    return Applied(workers_created=created, create_errors=tuple(errors), present=tuple(present))
 
 
 def delete_job(kube: Kube, namespace: str, name: str) -> None:

@@ -39,14 +39,18 @@ class KubeError(Exception):
         return self.status == 409
 
 
-def load_api_client() -> client.ApiClient:
-    """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
+def load_api_client(pool_size: int | None = None) -> client.ApiClient:
+    """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config. `pool_size`:
+    connections kept open, as many as threads that make requests (the client's default is 10)."""
+    configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=os.environ.get("KUBECONFIG"))
-    return api
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),  # type: ignore[no-untyped-call]
+                                client_configuration=configuration)
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 class Kube:

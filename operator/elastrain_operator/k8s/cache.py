@@ -1,0 +1,287 @@
+"""The operator's in-memory view of TrainingJobs and of the pods and Services named after them.
+
+The watch streams (kopf event handlers) feed it, so a reconcile reads a job's children from
+here instead of listing them: the cost of a job follows changes to it, not the number of jobs.
+Each pod is kept as the few fields the planner reads (policy.failures.WorkerPod / StorePod), so
+an event that changes nothing the planner reads (a scheduler retry on an unschedulable pod)
+is recognised as such and wakes nobody.
+
+The view of one job's children is trusted only when
+1. a live observation of that job has been made since the watch streams last (re)listed: a
+   re-list (after a peering pause or an expired watch) reports what exists, never what vanished
+   meanwhile, so every job is re-read live once after it;
+2. every child this process created for the job has since been seen on the watch ("expectations",
+   as in Kubernetes' ReplicaSet controller): a round never plans from a view that lags its own
+   last creations, so a slot is never counted lost because its new pod was not seen yet.
+Otherwise children() answers None and the caller observes the cluster live, then refresh()es.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from elastrain_operator.k8s.client import Manifest
+from elastrain_operator.model.names import (
+    LABEL_JOB,
+    LABEL_ROLE,
+    ROLE_STORE,
+    ROLE_WORKER,
+    WORKER_FINALIZER,
+    store_name,
+    worker_service_name,
+)
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.policy.failures import WorkerPod, read_worker_pod
+from elastrain_operator.policy.planning import Observed, StorePod
+
+Key = tuple[str, str]  # (namespace, job name)
+EXPECTATION_SECONDS = 30.0  # a created child not seen by then: stop waiting, observe live
+
+
+def controller_uid(obj: Manifest) -> str:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return ""
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """What a reconcile needs of one pod labelled with a job's name."""
+
+    owner: str  # the controller owner's uid
+    finalizer: bool  # holds the accounting finalizer
+    worker: WorkerPod | None = None
+    store: StorePod | None = None
+
+
+def read_pod_record(pod: Manifest, job_name: str) -> PodRecord:
+    meta = pod.get("metadata") or {}
+    role, name = (meta.get("labels") or {}).get(LABEL_ROLE), str(meta.get("name"))
+    worker = read_worker_pod(pod, WORKER_FINALIZER) if role == ROLE_WORKER else None
+    store = None
+    if role == ROLE_STORE and name == store_name(job_name):
+        store = StorePod(phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+                         deleting=bool(meta.get("deletionTimestamp")))
+    return PodRecord(owner=controller_uid(pod),
+                     finalizer=WORKER_FINALIZER in (meta.get("finalizers") or []),
+                     worker=worker, store=store)
+
+
+@dataclass(frozen=True)
+class Children:
+    """A job's children as the planner sees them, plus orphans to release."""
+
+    observed: Observed
+    orphans: tuple[str, ...] = ()  # same job name, another (deleted) job's uid, finalizer set
+
+
+def build_children(pods: dict[str, PodRecord], services: dict[str, str], *, job_name: str,
+                   uid: str) -> Children:
+    """Pure: split by controller uid, as observe() always did."""
+    workers: list[WorkerPod] = []
+    orphans: list[str] = []
+    store: StorePod | None = None
+    for name, rec in sorted(pods.items()):
+        if rec.owner != uid:
+            if rec.finalizer:
+                orphans.append(name)
+            continue
+        if rec.worker is not None:
+            workers.append(rec.worker)
+        elif rec.store is not None:
+            store = rec.store
+    ours = {n for n, owner in services.items() if owner == uid}
+    wanted = {worker_service_name(job_name), store_name(job_name)}
+    return Children(
+        observed=Observed(workers=tuple(workers), store=store,
+                          services=frozenset(ours & wanted),
+                          foreign_services=frozenset((set(services) - ours) & wanted)),
+        orphans=tuple(orphans))
+
+
+@dataclass(frozen=True)
+class CachedJob:
+    raw: Manifest
+    job: TrainingJob | None  # None: our model refuses what the apiserver accepted
+
+
+@dataclass
+class _View:
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    services: dict[str, str] = field(default_factory=dict)  # name -> controller uid
+    expected: dict[str, float] = field(default_factory=dict)  # child name -> give-up time
+    touched: dict[str, int] = field(default_factory=dict)  # child name -> seq of its last event
+    verified_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class Token:
+    """When a live observation began: a re-list or a newer event since then wins over it."""
+
+    epoch: int
+    seq: int
+
+
+class Cache:
+    """Thread-safe: the event loop writes, reconcile threads read."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[Key, CachedJob] = {}
+        self._views: dict[Key, _View] = {}
+        self._epoch = 0
+        self._seq = 0  # counts watch events: orders them against live observations
+        self._clock = clock
+
+    # -------------------------------------------------------------------- the watch side
+
+    def put_job(self, raw: Manifest) -> bool:
+        """A TrainingJob as the watch saw it; False when we already had this version."""
+        meta = raw.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        with self._lock:
+            known = self._jobs.get(key)
+            if known is not None and known.raw["metadata"].get("resourceVersion") == \
+                    meta.get("resourceVersion"):
+                return False
+        try:
+            job: TrainingJob | None = TrainingJob.model_validate(raw)
+        except ValidationError:
+            job = None
+        with self._lock:
+            self._jobs[key] = CachedJob(raw=raw, job=job)
+        return True
+
+    def drop_job(self, key: Key) -> None:
+        with self._lock:
+            self._jobs.pop(key, None)
+
+    def job(self, key: Key) -> CachedJob | None:
+        with self._lock:
+            return self._jobs.get(key)
+
+    def jobs(self) -> list[Key]:
+        with self._lock:
+            return list(self._jobs)
+
+    def relisted(self) -> None:
+        """A watch stream (re)listed: what vanished meanwhile is unknown, so trust no view."""
+        with self._lock:
+            self._epoch += 1
+
+    def put_pod(self, pod: Manifest) -> Key | None:
+        """Returns the job's key when the planner's view of that job changed."""
+        meta = pod.get("metadata") or {}
+        job_name = (meta.get("labels") or {}).get(LABEL_JOB)
+        if not job_name:
+            return None
+        key, name = (str(meta.get("namespace")), str(job_name)), str(meta.get("name"))
+        record = read_pod_record(pod, job_name)
+        with self._lock:
+            view = self._touch(key, name)
+            if view.pods.get(name) == record:
+                return None
+            view.pods[name] = record
+        return key
+
+    def put_service(self, svc: Manifest) -> Key | None:
+        meta = svc.get("metadata") or {}
+        job_name = (meta.get("labels") or {}).get(LABEL_JOB)
+        if not job_name:
+            return None
+        key, name = (str(meta.get("namespace")), str(job_name)), str(meta.get("name"))
+        owner = controller_uid(svc)
+        with self._lock:
+            view = self._touch(key, name)
+            if view.services.get(name) == owner:
+                return None
+            view.services[name] = owner
+        return key
+
+    def remove(self, kind: str, obj: Manifest) -> Key | None:
+        """A pod or Service is gone (kind: "pods" or "services")."""
+        meta = obj.get("metadata") or {}
+        job_name = (meta.get("labels") or {}).get(LABEL_JOB)
+        if not job_name:
+            return None
+        key, name = (str(meta.get("namespace")), str(job_name)), str(meta.get("name"))
+        with self._lock:
+            view = self._touch(key, name)
+            found = (view.pods if kind == "pods" else view.services).pop(name, None)
+            if not view.pods and not view.services and key not in self._jobs:
+                del self._views[key]  # a deleted job's last child: keep no trace
+        return key if found is not None else None
+
+    def _touch(self, key: Key, name: str) -> _View:
+        """Under the lock: the bookkeeping of every watch event about one child."""
+        self._seq += 1
+        view = self._views.setdefault(key, _View())
+        view.expected.pop(name, None)
+        view.touched[name] = self._seq
+        return view
+
+    # ------------------------------------------------------------------ the reconcile side
+
+    def children(self, key: Key, uid: str) -> Children | None:
+        """The trusted view of a job's children, or None: observe live, then refresh()."""
+        with self._lock:
+            view = self._views.get(key)
+            if view is None or view.verified_epoch != self._epoch or view.expected:
+                return None
+            return build_children(view.pods, view.services, job_name=key[1], uid=uid)
+
+    def waiting(self, key: Key) -> bool:
+        """True while children this process created are still unseen (not yet timed out)."""
+        now = self._clock()
+        with self._lock:
+            view = self._views.get(key)
+            return view is not None and any(d > now for d in view.expected.values())
+
+    def orphans(self, key: Key) -> list[str] | None:
+        """Pods still holding the finalizer for a job that is gone; None when none are known.
+        Releasing re-reads each pod, so the watch's view is good enough to pick candidates."""
+        with self._lock:
+            view = self._views.get(key)
+            if view is None:
+                return None
+            return sorted(n for n, rec in view.pods.items() if rec.finalizer)
+
+    def refresh(self, key: Key, pods: list[Manifest], services: list[Manifest],
+                token: Token) -> None:
+        """Replace a job's view with a live observation begun at `token` (see begin()); a
+        child the watch reported on after that keeps the watch's (newer) version."""
+        records = {str(p["metadata"]["name"]): read_pod_record(p, key[1]) for p in pods}
+        owners = {str(s["metadata"]["name"]): controller_uid(s) for s in services}
+        with self._lock:
+            view = self._views.setdefault(key, _View())
+            newer = {n for n, seq in view.touched.items() if seq > token.seq}
+            for name in newer:
+                records.pop(name, None)
+                owners.pop(name, None)
+                if name in view.pods:
+                    records[name] = view.pods[name]
+                if name in view.services:
+                    owners[name] = view.services[name]
+            view.pods, view.services, view.expected = records, owners, {}
+            view.touched = {n: view.touched[n] for n in newer}
+            view.verified_epoch = token.epoch
+
+    def begin(self) -> Token:
+        """Call before a live observation, hand the token to refresh() after it."""
+        with self._lock:
+            return Token(self._epoch, self._seq)
+
+    def expect(self, key: Key, names: list[str]) -> None:
+        """Children just created (or found existing): wait to see them before trusting the view."""
+        deadline = self._clock() + EXPECTATION_SECONDS
+        with self._lock:
+            view = self._views.setdefault(key, _View())
+            for name in names:
+                if name not in view.pods and name not in view.services:
+                    view.expected[name] = deadline

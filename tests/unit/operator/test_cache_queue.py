@@ -1,0 +1,142 @@
+"""The watch-fed view (k8s.cache) and the work queue: what a reconcile may trust, in what order
+jobs are looked at."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+from elastrain_operator.k8s.cache import Cache
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.rendezvous import render_store_service
+from elastrain_operator.render.service import render_worker_service
+from elastrain_operator.render.workers import render_worker_pod
+from elastrain_operator.workqueue import WorkQueue
+
+KEY = ("ml", "demo")
+
+
+def job(uid: str = "u1") -> TrainingJob:
+    return TrainingJob.model_validate({
+        "metadata": {"name": "demo", "namespace": "ml", "uid": uid},
+        "spec": {"image": "img", "replicas": 2}})
+
+
+def pod(index: int = 0, *, uid: str = "u1", unschedulable: str = "", deleting: bool = False,
+        phase: str = "Pending") -> dict[str, Any]:
+    manifest = copy.deepcopy(render_worker_pod(job(uid), index, 0))
+    manifest["metadata"]["resourceVersion"] = "1"
+    status: dict[str, Any] = {"phase": phase}
+    if unschedulable:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                 "reason": "Unschedulable", "message": "0/1 nodes",
+                                 "lastTransitionTime": unschedulable}]
+    manifest["status"] = status
+    if deleting:
+        manifest["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return manifest
+
+
+def trusted_cache() -> Cache:
+    cache = Cache()
+    cache.refresh(KEY, [pod(0), pod(1)], [render_worker_service(job())], cache.begin())
+    return cache
+
+
+def test_only_changes_the_planner_reads_wake_the_job() -> None:
+    cache = trusted_cache()
+    assert cache.put_pod(pod(0, unschedulable="t1")) == KEY  # now unschedulable: news
+    assert cache.put_pod(pod(0, unschedulable="t2")) is None  # a scheduler retry: nothing new
+    assert cache.put_pod(pod(0, phase="Running", unschedulable="t2")) == KEY
+
+
+def test_the_view_is_trusted_only_after_a_live_read_since_the_last_relist() -> None:
+    cache = Cache()
+    cache.put_pod(pod(0))
+    assert cache.children(KEY, "u1") is None  # never read live
+    cache.refresh(KEY, [pod(0)], [], cache.begin())
+    seen = cache.children(KEY, "u1")
+    assert seen is not None and [w.index for w in seen.observed.workers] == [0]
+    cache.relisted()  # a re-list says what exists, not what vanished meanwhile
+    assert cache.children(KEY, "u1") is None
+    token = cache.begin()
+    cache.relisted()  # a re-list during the live read: that read is not enough either
+    cache.refresh(KEY, [pod(0)], [], token)
+    assert cache.children(KEY, "u1") is None
+
+
+def test_own_creations_must_be_seen_before_the_view_is_trusted() -> None:
+    now = [100.0]
+    cache = Cache(clock=lambda: now[0])
+    cache.refresh(KEY, [pod(0)], [], cache.begin())
+    cache.expect(KEY, ["demo-worker-0-0", pod(1)["metadata"]["name"]])  # the first is known
+    assert cache.waiting(KEY) and cache.children(KEY, "u1") is None
+    cache.put_pod(pod(1))
+    assert not cache.waiting(KEY) and cache.children(KEY, "u1") is not None
+    cache.expect(KEY, ["never-seen"])
+    now[0] += 31  # given up waiting: not trusted until a live read settles it
+    assert not cache.waiting(KEY) and cache.children(KEY, "u1") is None
+
+
+def test_a_live_read_never_overwrites_newer_watch_events() -> None:
+    cache = trusted_cache()
+    token = cache.begin()  # the live read starts ...
+    cache.put_pod(pod(0, deleting=True))  # ... the watch reports a deletion ...
+    cache.remove("pods", pod(1))  # ... and a pod gone ...
+    cache.refresh(KEY, [pod(0), pod(1)], [], token)  # ... the read, older, still has both
+    seen = cache.children(KEY, "u1")
+    assert seen is not None
+    assert [(w.index, w.deleting) for w in seen.observed.workers] == [(0, True)]
+
+
+def test_children_split_by_owner_uid() -> None:
+    cache = Cache()
+    cache.refresh(KEY, [pod(0), pod(1, uid="old")],
+                  [render_worker_service(job()), render_store_service(job("old"))],
+                  cache.begin())
+    seen = cache.children(KEY, "u1")
+    assert seen is not None
+    assert [w.index for w in seen.observed.workers] == [0]
+    assert seen.orphans == (pod(1, uid="old")["metadata"]["name"],)
+    assert seen.observed.services == {"demo-workers"}
+    assert seen.observed.foreign_services == {"demo-rdzv"}
+
+
+def test_queue_merges_triggers_and_puts_urgent_work_first() -> None:
+    handled: list[tuple[tuple[str, str], bool]] = []
+    done = threading.Event()
+
+    def handle(key: tuple[str, str], poll: bool) -> None:
+        handled.append((key, poll))
+        if len(handled) == 3:
+            done.set()
+
+    queue = WorkQueue(handle, workers=1, retry_seconds=0.0)
+    queue.add(("ns", "a"), urgent=False)
+    queue.add(("ns", "b"), urgent=False, poll=True)
+    queue.add(("ns", "a"), urgent=False, poll=True)  # merged into the queued one
+    queue.add(("ns", "c"), urgent=True)
+    assert queue.depth() == 3
+    queue.start()
+    assert done.wait(10)
+    queue.stop()
+    assert handled == [(("ns", "c"), False), (("ns", "a"), True), (("ns", "b"), True)]
+
+
+def test_queue_retries_a_failed_handler() -> None:
+    calls: list[int] = []
+    done = threading.Event()
+
+    def handle(key: tuple[str, str], poll: bool) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("apiserver said no")
+        done.set()
+
+    queue = WorkQueue(handle, workers=1, retry_seconds=0.0)
+    queue.start()
+    queue.add(("ns", "a"), urgent=True)
+    assert done.wait(10)
+    queue.stop()
+    assert len(calls) == 2
