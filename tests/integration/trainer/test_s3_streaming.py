@@ -212,3 +212,24 @@ def test_async_saves_reusing_staging_buffers_save_each_steps_own_values(
                 t.add_(1.0)
         expected["trainer"]["step"] = step
         assert_equal(state, expected)
+
+
+def test_views_dtypes_and_bytes_load_exactly_from_the_shard_in_memory(
+        storage: S3Storage) -> None:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(64, 48, generator=g)
+    saved = {"model": {"transposed": base.t(), "narrowed": base[5:20, 3:40],
+                       "bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
+                       "step": torch.tensor(12345, dtype=torch.int64)},
+             "trainer": {"note": "bytes too", "nested": [1, 2.5, "x"]}}
+    manager = CheckpointManager(storage, keep=1, async_save=False)
+    manager.save(SaveRequest(1, saved, {}))
+    assert manager.failed_saves == 0
+    into = {"model": {"transposed": torch.zeros(48, 64), "narrowed": torch.zeros(15, 37),
+                      "bf16": torch.zeros(33, 17, dtype=torch.bfloat16),
+                      "step": torch.tensor(0, dtype=torch.int64)},
+            "trainer": {"note": "", "nested": []}}
+    assert CheckpointManager(storage, async_save=False).load(into) is not None
+    assert into["trainer"] == saved["trainer"]
+    for name, t in saved["model"].items():
+        assert torch.equal(into["model"][name], t), name

@@ -18,16 +18,25 @@ import json
 import os
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
+import torch.serialization
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
     FileSystemWriter,
 )
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+)
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
@@ -78,7 +87,7 @@ class _ViewReader(io.RawIOBase):
 
     def __init__(self, view: memoryview) -> None:
         super().__init__()
-        self._view = view
+        self.view = view
         self._pos = 0
 
     def readable(self) -> bool:
@@ -91,16 +100,31 @@ class _ViewReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self.view)}[whence]
         self._pos = max(0, base + offset)
         return self._pos
 
     def readinto(self, buffer: Any) -> int:
-        chunk = self._view[self._pos:self._pos + len(buffer)]
+        chunk = self.view[self._pos:self._pos + len(buffer)]
         n = chunk.nbytes
         memoryview(buffer).cast("B")[:n] = chunk
         self._pos += n
         return n
+
+
+def _tensor_in_place(saved: memoryview) -> torch.Tensor:
+    """The tensor DCP torch.save'd into `saved`, as a view of those bytes (no copy).
+
+    torch.load copies every storage out of a stream into new memory; given the whole
+    record's memory (as it does for mmap=True), _load slices its storages out of it instead.
+    """
+    reader = torch._C.PyTorchFileReader(cast(IO[bytes], _ViewReader(saved)))
+    memory = torch.frombuffer(saved, dtype=torch.uint8).untyped_storage()
+    tensor = torch.serialization._load(  # type: ignore[no-untyped-call]
+        reader, "cpu", torch._weights_only_unpickler, overall_storage=memory, weights_only=True)
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"a tensor record holds a {type(tensor).__name__}")
+    return tensor
 
 
 class StorageFileSystem(FileSystemBase):
@@ -238,8 +262,45 @@ class CheckpointReader(FileSystemReader):
     def __init__(self, storage: CheckpointStorage, step_key: str,
                  files: dict[str, FileDigest]) -> None:
         super().__init__(step_key)
+        self._storage = storage
         self.fs = StorageFileSystem(storage, verify=files)  # type: ignore[assignment]
         self.path = step_key
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """DCP's read_data, except that a tensor is copied into its target straight from the
+        verified shard in memory (DCP torch.loads it into a new tensor and copies that)."""
+        if not isinstance(self._storage, StreamingStorage):
+            return super().read_data(plan, planner)
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            path = self.storage_data[item.storage_index].relative_path
+            per_file.setdefault(path, []).append(item)
+        for path, items in per_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, path), "rb") as stream:
+                assert isinstance(stream, _ViewReader)
+                for item in items:
+                    self._read_item(stream.view, item, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_item(self, shard: memoryview, item: ReadItem, planner: LoadPlanner) -> None:
+        info = self.storage_data[item.storage_index]
+        if info.transform_descriptors:
+            raise CorruptCheckpointError(f"{info.relative_path}: stream transforms "
+                                         f"{info.transform_descriptors} are not ours")
+        saved = shard[info.offset:info.offset + info.length]
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(saved.tobytes()))
+            return
+        tensor = narrow_tensor_by_index(_tensor_in_place(saved), item.storage_offsets,
+                                        item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise CorruptCheckpointError(f"{item.storage_index}: saved size {tensor.size()} "
+                                         f"!= {target.size()}")
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
