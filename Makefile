@@ -59,6 +59,11 @@ test-trainer: venv build-deps  ## trainer unit + integration tests (real torchru
 bench: venv build-deps  ## benchmarks; each prints ratios measured side by side in one run
 	$(BIN)/python bench/checkpoint_s3.py
 	$(BIN)/python bench/token_dataset.py
+	$(BIN)/python bench/checkpoint_path.py
+
+.PHONY: bench-checkpoint
+bench-checkpoint: venv build-deps  ## checkpoint save+load: elastrain vs stock DCP over s3fs vs the boto3 ceiling, gpt-100m and gpt-350m, async stall (~30 min here)
+	$(BIN)/python bench/checkpoint_path.py $(BENCH_ARGS)
 
 .PHONY: bench-goodput
 bench-goodput: venv  ## goodput, steps lost and recovery under repeated SIGTERM/SIGKILL of a local worker (~25 min here)
