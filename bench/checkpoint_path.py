@@ -12,6 +12,7 @@ Each round runs, in this order, a save and then a load of:
   C   the ceiling: one boto3 managed multipart upload, then download into preallocated memory,
       of as many bytes as A's checkpoint (elastrain's TransferConfig and client).
 Every load is checked: the state is zeroed first and compared with the saved values after.
+As context, each round also times sha256 over C's bytes alone (what verifying costs here).
 Prints medians with min-max of each, and the ratios measured side by side: A/C as % of the
 ceiling (time C / time A) and B/A (time B / time A, > 1: elastrain is faster).
 
@@ -24,6 +25,7 @@ then an async save and the steps that run while it is in flight, per round; prin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -200,6 +202,7 @@ def bench_model(args: argparse.Namespace, model_name: str, endpoint: str,
     payload: bytearray | None = None
     variants = args.variants.split(",")
     times: dict[str, dict[str, list[float]]] = {v: {"save": [], "load": []} for v in variants}
+    hashes: list[float] = []
     for r in range(args.rounds):
         for variant in variants:
             prefix = bench.prefix()
@@ -220,21 +223,27 @@ def bench_model(args: argparse.Namespace, model_name: str, endpoint: str,
             if variant != "C":
                 assert bench.fingerprint() == reference, f"{variant} loaded other values"
             bench.delete(prefix)
+            if variant == "C":  # context: what verifying every byte costs here, alone
+                hashes.append(timed(lambda: _sha256(payload)))  # noqa: B023
             times[variant]["save"].append(t_save)
             times[variant]["load"].append(t_load)
             print(f"round {r + 1} {variant:>3}: save {t_save:7.2f} s  load {t_load:7.2f} s",
                   flush=True)
             time.sleep(1)  # let MinIO's trash cleanup start on what was just deleted
     gb = bench.ckpt_bytes / 1e9
-    out: dict[str, Any] = {"params": n, "checkpoint_bytes": bench.ckpt_bytes, "times_s": times}
+    out: dict[str, Any] = {"params": n, "checkpoint_bytes": bench.ckpt_bytes, "times_s": times,
+                           "sha256_alone_s": hashes}
     print(f"{model_name}: checkpoint {gb:.2f} GB; medians over {args.rounds} rounds "
           f"[min-max]:")
     for v, t in times.items():
         print(f"  {v:>3}: save {_fmt(t['save'])} ({gb / statistics.median(t['save']):.2f} GB/s)"
               f"  load {_fmt(t['load'])} ({gb / statistics.median(t['load']):.2f} GB/s)")
+    if hashes:
+        print(f"  sha256 of the same bytes alone: {_fmt(hashes)}")
     out["ratios"] = _ratios(times)
     for name, value in out["ratios"].items():
         print(f"  {name}: {value}")
+    payload = None  # the async part keeps a staged copy of the state instead
     if "A" in times:
         out["async"] = bench_async(args, bench, statistics.median(times["A"]["save"]))
     del bench
@@ -260,6 +269,11 @@ def _ratios(times: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 def _fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):6.2f} s [{min(xs):.2f}-{max(xs):.2f}]"
+
+
+def _sha256(data: bytearray | None) -> None:
+    assert data is not None
+    hashlib.sha256(data).hexdigest()
 
 
 def _payload(size: int) -> bytearray:
