@@ -7,7 +7,8 @@ runs reconcile_if_needed() for the noted jobs on threads of its own:
   deleted job's pods are released this way too);
 - a timer queues each job as routine every ELASTRAIN_TIMER_INTERVAL_SECONDS (and asks for the
   trainers' progress every ELASTRAIN_PROGRESS_INTERVAL_SECONDS): time-driven steps (backoff,
-  deadlines, TTL, the hang watchdog) and anything the watch missed.
+  deadlines, TTL, the hang watchdog) and anything the watch missed; a tick is dropped at once
+  while an earlier check's finding "nothing due until T" still holds (reconcile.needs_round).
 Under peering kopf pauses all of these on the replicas that are not active.
 """
 
@@ -20,6 +21,7 @@ import kopf
 
 from elastrain_operator.model.names import LABEL_JOB
 from elastrain_operator.model.spec import API_GROUP, API_VERSION, PLURAL
+from elastrain_operator.reconcile import utcnow
 from elastrain_operator.startup import (
     PROGRESS_INTERVAL_SECONDS,
     TIMER_INTERVAL_SECONDS,
@@ -86,4 +88,6 @@ async def on_timer(*, namespace: str | None, name: str, uid: str, memo: Any,
     poll = now - state.last_progress_poll.get(uid, 0.0) >= PROGRESS_INTERVAL_SECONDS
     if poll:
         state.last_progress_poll[uid] = now
+    elif state.cache.is_quiet((namespace, name), utcnow()):
+        return  # nothing changed since a check found nothing due until past now
     state.queue.add((namespace, name), urgent=False, poll=poll)

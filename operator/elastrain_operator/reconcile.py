@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
 
@@ -47,6 +47,7 @@ from elastrain_operator.probe import poll_progress
 
 log = logging.getLogger(__name__)
 ROUNDS = 4  # fresh reads after a lost status race before giving up until the next trigger
+QUIET_HORIZON_SECONDS = 60.0  # how far ahead a check that found nothing looks
 
 
 def utcnow() -> datetime:
@@ -77,6 +78,9 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         return True, options  # unparseable: the round reports it (and writes nothing twice)
     if cache.waiting(key):
         return False, options  # our own creations are on their way; their events re-trigger
+    now, signature = options.clock(), cache.signature(key)
+    if not options.poll_progress and cache.is_quiet(key, now):
+        return False, options
     children = cache.children(key, cached.job.metadata.uid)
     if children is None:
         return True, options
@@ -85,8 +89,16 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         observed = replace(observed, progress=poll_progress(observed.workers,
                                                             cached.job.spec.metrics_port))
         options = replace(options, progress=observed.progress, poll_progress=False)
-    p = plan(cached.job, observed, now=options.clock())
-    return has_work(p, cached.job, children.orphans), options
+    if has_work(plan(cached.job, observed, now=now), cached.job, children.orphans):
+        return True, options
+    if observed.progress is None:
+        # Time alone only ever makes steps due (a backoff ends, a deadline or TTL passes),
+        # never undue: nothing due at `now` nor at `later` means nothing due in between, so
+        # the timer's next ticks need not plan again until the inputs change or `later`.
+        later = now + timedelta(seconds=QUIET_HORIZON_SECONDS)
+        if not has_work(plan(cached.job, observed, now=later), cached.job, children.orphans):
+            cache.set_quiet(key, signature, later)
+    return False, options
 
 
 def reconcile_if_needed(kube: Kube, key: Key, options: Options) -> str | None:

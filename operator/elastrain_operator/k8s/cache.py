@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pydantic import ValidationError
 
@@ -137,6 +138,8 @@ class Cache:
         self._views: dict[Key, _View] = {}
         self._epoch = 0
         self._seq = 0  # counts watch events: orders them against live observations
+        self._versions: dict[Key, int] = {}  # bumped by every change of a job or its view
+        self._quiet: dict[Key, tuple[tuple[int, int], datetime]] = {}
         self._clock = clock
 
     # -------------------------------------------------------------------- the watch side
@@ -156,11 +159,15 @@ class Cache:
             job = None
         with self._lock:
             self._jobs[key] = CachedJob(raw=raw, job=job)
+            self._bump(key)
         return True
 
     def drop_job(self, key: Key) -> None:
         with self._lock:
             self._jobs.pop(key, None)
+            # Bumped, not forgotten: a check still in flight for the deleted job must not
+            # match a job re-created under the same name.
+            self._bump(key)
 
     def job(self, key: Key) -> CachedJob | None:
         with self._lock:
@@ -188,6 +195,7 @@ class Cache:
             if view.pods.get(name) == record:
                 return None
             view.pods[name] = record
+            self._bump(key)
         return key
 
     def put_service(self, svc: Manifest) -> Key | None:
@@ -202,6 +210,7 @@ class Cache:
             if view.services.get(name) == owner:
                 return None
             view.services[name] = owner
+            self._bump(key)
         return key
 
     def remove(self, kind: str, obj: Manifest) -> Key | None:
@@ -214,6 +223,7 @@ class Cache:
         with self._lock:
             view = self._touch(key, name)
             found = (view.pods if kind == "pods" else view.services).pop(name, None)
+            self._bump(key)
             if not view.pods and not view.services and key not in self._jobs:
                 del self._views[key]  # a deleted job's last child: keep no trace
         return key if found is not None else None
@@ -222,9 +232,38 @@ class Cache:
         """Under the lock: the bookkeeping of every watch event about one child."""
         self._seq += 1
         view = self._views.setdefault(key, _View())
-        view.expected.pop(name, None)
+        if view.expected.pop(name, None) is not None:
+            self._bump(key)
         view.touched[name] = self._seq
         return view
+
+    def _bump(self, key: Key) -> None:
+        """Under the lock: what a check of this job found no longer holds."""
+        self._versions[key] = self._versions.get(key, 0) + 1
+        self._quiet.pop(key, None)
+
+    # ------------------------------------------------------------- checks that found nothing
+
+    def signature(self, key: Key) -> tuple[int, int]:
+        """Changes whenever anything a check of this job reads changes."""
+        with self._lock:
+            return self._epoch, self._versions.get(key, 0)
+
+    def set_quiet(self, key: Key, signature: tuple[int, int], until: datetime) -> None:
+        """A check with these inputs found nothing to do, now and at `until`."""
+        with self._lock:
+            if self.signature_locked(key) == signature:
+                self._quiet[key] = (signature, until)
+
+    def is_quiet(self, key: Key, now: datetime) -> bool:
+        """Nothing changed since a check found nothing to do up to a time still ahead."""
+        with self._lock:
+            quiet = self._quiet.get(key)
+            return quiet is not None and quiet[0] == self.signature_locked(key) \
+                and now < quiet[1]
+
+    def signature_locked(self, key: Key) -> tuple[int, int]:
+        return self._epoch, self._versions.get(key, 0)
 
     # ------------------------------------------------------------------ the reconcile side
 
@@ -271,6 +310,7 @@ class Cache:
             view.pods, view.services, view.expected = records, owners, {}
             view.touched = {n: view.touched[n] for n in newer}
             view.verified_epoch = token.epoch
+            self._bump(key)
 
     def begin(self) -> Token:
         """Call before a live observation, hand the token to refresh() after it."""
@@ -285,3 +325,4 @@ class Cache:
             for name in names:
                 if name not in view.pods and name not in view.services:
                     view.expected[name] = deadline
+            self._bump(key)

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import copy
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest.mock import ANY
 
 from elastrain_operator.k8s.cache import Cache
 from elastrain_operator.model.spec import TrainingJob
-from elastrain_operator.render.rendezvous import render_store_service
+from elastrain_operator.policy.planning import plan
+from elastrain_operator.reconcile import Options, needs_round
+from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
 from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
 from elastrain_operator.workqueue import WorkQueue
 
 KEY = ("ml", "demo")
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+ANY_OPTIONS = ANY
 
 
 def job(uid: str = "u1") -> TrainingJob:
@@ -140,3 +146,61 @@ def test_queue_retries_a_failed_handler() -> None:
     assert done.wait(10)
     queue.stop()
     assert len(calls) == 2
+
+
+def steady(cache: Cache, **spec: Any) -> TrainingJob:
+    """A job whose status is what planning its trusted view at NOW yields: nothing to do."""
+    raw: dict[str, Any] = {"apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob",
+                           "metadata": {"name": "demo", "namespace": "ml", "uid": "u1",
+                                        "resourceVersion": "1", "generation": 1},
+                           "spec": {"image": "img", "replicas": 2, **spec}}
+    cache.put_job(raw)
+    first = needs_round(cache, KEY, Options(clock=lambda: NOW))
+    assert first[0], "a new job needs a round"
+    parsed = TrainingJob.model_validate(raw)
+    pods = [render_worker_pod(parsed, i, 0) | {"status": {"phase": "Running"}} for i in (0, 1)]
+    cache.refresh(KEY, [*pods, render_store_pod(parsed) | {"status": {"phase": "Running"}}],
+                  [render_worker_service(parsed), render_store_service(parsed)], cache.begin())
+    status = plan(parsed, cache.children(KEY, "u1").observed, now=NOW).status  # type: ignore[union-attr]
+    cache.put_job(raw | {"metadata": raw["metadata"] | {"resourceVersion": "2"},
+                         "status": status.to_api()})
+    return parsed
+
+
+def test_a_check_that_found_nothing_is_not_repeated_until_something_changes() -> None:
+    cache = Cache()
+    steady(cache)
+    assert needs_round(cache, KEY, Options(clock=lambda: NOW)) == (False, ANY_OPTIONS)
+    assert cache.is_quiet(KEY, NOW + timedelta(seconds=30))
+    assert not cache.is_quiet(KEY, NOW + timedelta(seconds=61))  # looked only that far ahead
+    cache.put_pod(pod(0, phase="Failed"))
+    assert not cache.is_quiet(KEY, NOW)
+
+
+def test_a_step_that_time_makes_due_within_the_horizon_keeps_the_job_checked() -> None:
+    cache = Cache()
+    steady(cache, activeDeadlineSeconds=3600)
+    assert not needs_round(cache, KEY, Options(clock=lambda: NOW))[0]
+    start = cache.job(KEY).job.status.start_time  # type: ignore[union-attr]
+    assert start is not None
+    soon = start + timedelta(seconds=3600 - 30)  # the deadline passes within the horizon
+    assert not needs_round(cache, KEY, Options(clock=lambda: soon))[0]
+    assert not cache.is_quiet(KEY, soon)
+    assert needs_round(cache, KEY, Options(clock=lambda: soon + timedelta(seconds=31)))[0]
+
+
+def test_a_job_deleted_and_created_again_is_not_quiet_from_its_predecessor() -> None:
+    cache = Cache()
+    steady(cache)
+    signature = cache.signature(KEY)  # a check of the old job, still in flight
+    cache.drop_job(KEY)
+    cache.put_job({"apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob",
+                   "metadata": {"name": "demo", "namespace": "ml", "uid": "u2",
+                                "resourceVersion": "9", "generation": 1},
+                   "spec": {"image": "img", "replicas": 2}})
+    index = 10
+    while cache.signature(KEY) < signature:  # the new job's own changes, as many as the old's
+        cache.put_pod(pod(index, uid="u2", phase="Running"))
+        index += 1
+    cache.set_quiet(KEY, signature, NOW + timedelta(seconds=60))
+    assert not cache.is_quiet(KEY, NOW)
