@@ -69,6 +69,10 @@ bench-checkpoint: venv build-deps  ## checkpoint save+load: elastrain vs stock D
 bench-goodput: venv  ## goodput, steps lost and recovery under repeated SIGTERM/SIGKILL of a local worker (~25 min here)
 	$(BIN)/python bench/goodput.py $(BENCH_ARGS)
 
+.PHONY: bench-operator
+bench-operator: venv build-deps  ## the operator at scale: 1000 jobs x 4 workers vs a plain client, churn, idle, peering (tier A+; ~15 min here)
+	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
+
 TIER ?= a+
 .PHONY: cluster-up
 cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)

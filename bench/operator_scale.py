@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -194,6 +195,8 @@ class Operator:
     metrics_port: int
     log: Path
 
+    started: typing.ClassVar[list[Operator]] = []
+
     @classmethod
     def start(cls, kubeconfig: str, log: Path, *extra: str, src: str = "") -> Operator:
         port = free_port()
@@ -205,7 +208,9 @@ class Operator:
                 [sys.executable, "-m", "elastrain_operator", "--namespace", NS,
                  "--metrics-port", str(port), *(extra or ("--standalone",))],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        return cls(proc, port, log)
+        op = cls(proc, port, log)
+        cls.started.append(op)
+        return op
 
     def reconciles(self) -> float:
         try:
@@ -225,6 +230,11 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        for op in cls.started:
+            op.stop()
 
 
 def settle(op: Operator, quiet_seconds: float, timeout: float) -> float:
@@ -246,13 +256,8 @@ def settle(op: Operator, quiet_seconds: float, timeout: float) -> float:
 def phase_baseline(kube: Kube, names: list[str], workers: int) -> float:
     bodies = [obj for name in names for obj in baseline_children(name, workers)]
     seconds = parallel(lambda obj: kube.create(path_of(obj), obj), bodies)
-    for plural in ("pods", "services"):
-        for obj in kube.list(namespaced("v1", BASE_NS, plural)):
-            if plural == "pods":
-                kube.delete(namespaced("v1", BASE_NS, plural, obj["metadata"]["name"]),
-                            body={"gracePeriodSeconds": 0})
-                continue
-            kube.delete(namespaced("v1", BASE_NS, plural, obj["metadata"]["name"]))
+    parallel(lambda obj: kube.delete(f"{path_of(obj)}/{obj['metadata']['name']}",
+                                     body={"gracePeriodSeconds": 0}), bodies)
     wait("baseline objects gone", lambda: not kube.list(namespaced("v1", BASE_NS, "pods")),
          timeout=300, every=2)
     return seconds
@@ -462,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args, state, workdir)
     finally:
+        Operator.stop_all()
         cluster.down(workdir / "cluster")
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
