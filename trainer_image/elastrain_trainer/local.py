@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from elastrain_trainer import rdzv_store
 from elastrain_trainer.events import parse_line
 from elastrain_trainer.ports import free_port
 from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_summary
@@ -85,8 +86,7 @@ class LocalCluster:
         if self.store_alive():
             return
         self._store = subprocess.Popen(
-            [sys.executable, "-m", "elastrain_trainer.rdzv_store", "--host", "127.0.0.1",
-             "--port", str(self._port)],
+            rdzv_store.command("127.0.0.1", self._port),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _wait_for_port(self._port, timeout=60)
 

@@ -25,9 +25,27 @@ STORE_RESOURCES = {"requests": {"cpu": "50m", "memory": "640Mi"},
                    "limits": {"memory": "1Gi"}}
 
 
+# The store's whole program, run with `python3 -c`: it needs python3 and torch only, so the store
+# runs in any image a worker runs, a user's own `torchrun train.py` image without elastrain's
+# code included. elastrain_trainer.rdzv_store.PROGRAM is the same text (local mode runs it; a
+# test keeps the two equal: the operator never imports the trainer).
+STORE_PROGRAM = """\
+import signal, sys, threading
+from datetime import timedelta
+from torch.distributed import TCPStore
+host, port = sys.argv[1], int(sys.argv[2])
+done = threading.Event()
+for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda *_: done.set())
+store = TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=True,
+                 timeout=timedelta(hours=1))
+print(f"rendezvous store listening on {host}:{store.port}", flush=True)
+done.wait()
+"""
+
+
 def render_store_command(port: int) -> list[str]:
-    return ["python", "-m", "elastrain_trainer.rdzv_store", "--host", "0.0.0.0",
-            "--port", str(port)]
+    return ["python3", "-c", STORE_PROGRAM, "0.0.0.0", str(port)]
 
 
 def render_store_pod(job: TrainingJob) -> Manifest:

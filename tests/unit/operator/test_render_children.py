@@ -7,7 +7,11 @@ from typing import Any
 import yaml
 
 from elastrain_operator.model.spec import TrainingJob
-from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
+from elastrain_operator.render.rendezvous import (
+    STORE_PROGRAM,
+    render_store_pod,
+    render_store_service,
+)
 from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
 
@@ -108,8 +112,7 @@ def test_store_pod_is_placed_by_the_rendezvous_spec() -> None:
     assert spec["priorityClassName"] == "critical"
     (container,) = spec["containers"]
     assert container["image"] == "store:1"
-    assert container["command"] == ["python", "-m", "elastrain_trainer.rdzv_store",
-                                    "--host", "0.0.0.0", "--port", "29500"]
+    assert container["command"] == ["python3", "-c", STORE_PROGRAM, "0.0.0.0", "29500"]
 
 
 def test_store_defaults_to_the_job_image_and_service_targets_it() -> None:
