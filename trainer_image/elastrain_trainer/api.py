@@ -61,13 +61,21 @@ from elastrain_trainer.faults import guard_main
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.signals import StopAgreement
-from elastrain_trainer.train import FinalCheckpointError, should_checkpoint
 
-__all__ = ["DistEnv", "Session", "init_distributed", "run"]
+__all__ = ["DistEnv", "FinalCheckpointError", "Session", "init_distributed", "run"]
 
 # The session's own entry in the checkpoint (the step counter); users may not take this name.
 PROGRESS_KEY = "elastrain"
 _groups: Groups | None = None
+
+
+class FinalCheckpointError(RuntimeError):
+    """Training ended but its final checkpoint did not commit."""
+
+
+def should_checkpoint(step: int, interval_steps: int, time_due: bool) -> bool:
+    """Save after this step? (step-based locally; time-based already agreed by all ranks)."""
+    return time_due or (interval_steps > 0 and step % interval_steps == 0)
 
 
 @runtime_checkable
@@ -167,15 +175,27 @@ def init_distributed() -> DistEnv:
     return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
+class StepCounter(Protocol):
+    step: int
+
+
 class Session:
     """Resume, periodic and SIGTERM checkpoints, and progress for one training run.
 
     Every rank creates it with the same objects and iterates `steps()` in lockstep (the
     boundary of each step is a small collective). `steps` overrides ELASTRAIN_STEPS;
     `config` overrides reading TrainerConfig from the environment.
+
+    For loops that keep more than a step count (the built-in trainer is one): `progress`, an
+    object whose `step` the session advances, saved and restored by one of the objects (the
+    session then stores no step of its own); `sidecar`, more fields for each checkpoint's JSON
+    sidecar; `on_step`, called on the coordinator with each step record it emits.
     """
 
     def __init__(self, *, steps: int | None = None, config: TrainerConfig | None = None,
+                 progress: StepCounter | None = None,
+                 sidecar: Callable[[], Mapping[str, Any]] | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None,
                  **objects: object) -> None:
         cfg = config or TrainerConfig.from_env(os.environ, [])
         if steps is not None:
@@ -183,8 +203,15 @@ class Session:
                 raise ValueError(f"Session(steps={steps}): must be >= 1")
             cfg = dataclasses.replace(cfg, steps=steps)
         self.config = cfg
-        self.progress = Progress()
-        self.state: dict[str, Stateful] = {**build_state(objects), PROGRESS_KEY: self.progress}
+        self.state: dict[str, Stateful] = build_state(objects)
+        self.progress: StepCounter
+        if progress is None:
+            self.progress = Progress()
+            self.state[PROGRESS_KEY] = self.progress
+        else:
+            self.progress = progress
+        self._sidecar, self._on_step = sidecar, on_step
+        self._fields: dict[str, Any] = {}
         self.stopped = False
         self.exit_code = 0
         self._loss: float | None = None
@@ -266,7 +293,7 @@ class Session:
         fresh = self.step == 0
         last_save = time.monotonic()
         while self.step < self.total_steps and not self.stopped:
-            self._loss, self._tokens = None, 0
+            self._loss, self._tokens, self._fields = None, 0, {}
             t0 = time.monotonic()
             yield self.step
             self.progress.step += 1
@@ -278,10 +305,12 @@ class Session:
                 last_save = time.monotonic()
             self.manager.poll()
 
-    def report(self, *, loss: float | None = None, tokens: int = 0) -> None:
-        """This step's loss (the mean over ranks, ideally) and tokens, for logs and /progress."""
+    def report(self, *, loss: float | None = None, tokens: int = 0, **fields: Any) -> None:
+        """This step's loss (the mean over ranks, ideally) and tokens, for logs and /progress;
+        other keywords (JSON values) go into the step's record as they are."""
         self._loss = None if loss is None else float(loss)
         self._tokens = tokens
+        self._fields = fields
 
     # -- internals -------------------------------------------------------------------------
     def _boundary(self, since_save: float) -> bool:
@@ -313,16 +342,21 @@ class Session:
                             self._tokens)
         metrics.record_goodput(self._train_s / max(1e-9, time.monotonic() - self._started))
         if self.denv.is_coordinator:
-            emit("step", step=self.step, loss=math.nan if loss is None else loss,
-                 step_time=round(duration, 5),
-                 tokens_per_s=round(self._tokens / max(duration, 1e-9), 1),
-                 world_size=self.denv.world_size)
+            record = {"step": self.step, "loss": math.nan if loss is None else loss,
+                      **self._fields, "step_time": round(duration, 5),
+                      "tokens_per_s": round(self._tokens / max(duration, 1e-9), 1),
+                      "world_size": self.denv.world_size}
+            emit("step", **record)
+            if self._on_step is not None:
+                self._on_step(record)
 
     def _last_loss(self) -> float | None:
         return self._loss
 
     def _request(self) -> SaveRequest:
         sidecar = build_sidecar(self.step, self._loss, self.denv.world_size, self.config.job_name)
+        if self._sidecar is not None:
+            sidecar.update(self._sidecar())
         return SaveRequest(self.step, {k: v.state_dict() for k, v in self.state.items()},
                            sidecar)
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from elastrain_trainer.guard import SpikeGuard
 
@@ -40,26 +39,19 @@ class TrainObjects:
     progress: Progress
 
 
-def build_app_state(t: TrainObjects) -> dict[str, Any]:
-    """The DCP state dict: the save payload, and the load target with the same structure."""
-    model_sd, optim_sd = get_state_dict(t.model, t.optimizer)
+def trainer_state(t: TrainObjects) -> dict[str, Any]:
+    """Everything but model and optimizer (those go through torch's distributed state-dict
+    helpers, elastrain_trainer.api.ModelState/OptimizerState)."""
     p = t.progress
     return {
-        "model": model_sd,
-        "optim": optim_sd,
-        "trainer": {
-            "step": p.step, "samples_seen": p.samples_seen, "tokens_seen": p.tokens_seen,
-            "last_loss": p.last_loss, "scheduler": t.scheduler.state_dict(),
-            "scaler": t.scaler.state_dict(), "guard": t.guard.state_dict(),
-        },
+        "step": p.step, "samples_seen": p.samples_seen, "tokens_seen": p.tokens_seen,
+        "last_loss": p.last_loss, "scheduler": t.scheduler.state_dict(),
+        "scaler": t.scaler.state_dict(), "guard": t.guard.state_dict(),
     }
 
 
-def apply_app_state(t: TrainObjects, state: dict[str, Any]) -> None:
-    """Push a loaded state dict back into the live objects."""
-    set_state_dict(t.model, t.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
-    tr = state["trainer"]
+def apply_trainer_state(t: TrainObjects, tr: dict[str, Any]) -> None:
+    """Push a loaded trainer_state() back into the live objects."""
     t.progress.step = int(tr["step"])
     t.progress.samples_seen = int(tr["samples_seen"])
     t.progress.tokens_seen = int(tr["tokens_seen"])

@@ -1,4 +1,5 @@
-"""The training loop: build, resume, step, checkpoint, and stop on agreement.
+"""The built-in trainer: model, data, schedule and guard, run as a user of the Session API
+(elastrain_trainer.api), which resumes, checkpoints and stops on agreement for it.
 
 Exit codes: 0 when training finished or this rank was SIGTERMed (after saving);
 EXIT_RESTART (75) when another rank was SIGTERMed, so torchrun restarts this group.
@@ -9,17 +10,14 @@ from __future__ import annotations
 import math
 import os
 import platform
-import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from elastrain_trainer import fault_injection, metrics
-from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
-from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
+from elastrain_trainer import metrics
+from elastrain_trainer.api import Session, init_distributed
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import Dataset, build_dataset, make_batch, micro_batch_indices
 from elastrain_trainer.estimate import (
@@ -32,22 +30,14 @@ from elastrain_trainer.estimate import (
 from elastrain_trainer.events import emit
 from elastrain_trainer.guard import SpikeGuard
 from elastrain_trainer.model import build_model, lm_loss
-from elastrain_trainer.parallel import (
-    DistEnv,
-    autocast,
-    gradient_sync,
-    init_distributed,
-    read_dist_env,
-    wrap_model,
-)
+from elastrain_trainer.parallel import DistEnv, autocast, gradient_sync, wrap_model
 from elastrain_trainer.schedule import Schedule, build_scheduler
-from elastrain_trainer.signals import StopAgreement
 from elastrain_trainer.state import (
     Progress,
     TrainObjects,
-    apply_app_state,
-    build_app_state,
+    apply_trainer_state,
     step_seed,
+    trainer_state,
 )
 
 
@@ -59,89 +49,42 @@ class StepResult:
     skipped: str | None
 
 
-def should_checkpoint(step: int, interval_steps: int, time_due: bool) -> bool:
-    """Save after this step? (step-based locally; time-based already agreed by all ranks)."""
-    return time_due or (interval_steps > 0 and step % interval_steps == 0)
-
-
 def run(cfg: TrainerConfig) -> int:
-    """Train per `cfg` inside the current torchrun worker; returns the exit code."""
-    started = time.monotonic()
-    denv = read_dist_env(os.environ)
-    groups = init_distributed(denv)
-    control_pg = groups.control
-    world = dist.get_world_size()
-    denv = DistEnv(dist.get_rank(), world, denv.local_rank, denv.local_world_size,
-                   denv.restart_count, denv.device)
-    accum = cfg.accumulation_steps(world)
+    """Train per `cfg` inside the current torchrun worker; returns the exit code.
+
+    The loop is a user of elastrain_trainer.api.Session, the API user scripts get: the session
+    resumes, agrees on stops and saves at each step boundary, checkpoints and serves /progress;
+    this module adds the model, data, schedule and guard of the built-in trainer."""
+    denv = init_distributed()
     if denv.device.type == "cpu":
         return_freed_host_memory()  # a CPU run's peak is its live tensors (see the docstring)
     check_memory(cfg, denv)
-    metrics.record_start(cfg.steps, world, denv.restart_count)
-    server = _serve_metrics(cfg, denv)
-    ensure_checkpoint_location(cfg, denv.local_rank, control_pg, serving=server is not None)
-    stop = StopAgreement().install()
-
     t = build_objects(cfg, denv)
     dataset = build_dataset(cfg)
-    manager = CheckpointManager(open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint),
-                                keep=cfg.checkpoint_keep, async_save=cfg.checkpoint_async,
-                                process_group=groups.checkpoint,
-                                endpoint=cfg.checkpoint_endpoint)
-    _resume(manager, t, cfg, denv)
+    accum = cfg.accumulation_steps(denv.world_size)
+    tokens = cfg.global_batch_size * cfg.seq_len
     wandb_run = _maybe_wandb(cfg, denv)
-
-    train_seconds, last_save = 0.0, time.monotonic()
-    start_step = t.progress.step  # 0 unless this worker group resumed a checkpoint
-    while t.progress.step < cfg.steps:
-        t0 = time.monotonic()
-        result = train_step(t, cfg, denv, dataset, accum)
-        duration = time.monotonic() - t0
-        train_seconds += duration
-        _log_step(t, cfg, denv, result, duration, wandb_run)
-        fault_injection.after_step(t.progress.step, denv.rank, fresh=start_step == 0)
-        metrics.record_goodput(train_seconds / (time.monotonic() - started))
-        if cfg.step_sleep_seconds:
-            time.sleep(cfg.step_sleep_seconds)
-        time_due = (cfg.checkpoint_interval_seconds > 0
-                    and time.monotonic() - last_save >= cfg.checkpoint_interval_seconds)
-        # One all-reduce decides, unanimously: stop? seconds-interval due? any upload busy?
-        stopping, time_due, busy = stop.agree_with(control_pg, time_due, manager.in_flight())
-        if stopping:
-            emit("stopping", rank=denv.rank, step=t.progress.step, signalled=stop.signalled)
-            manager.save(_save_request(t, cfg, dataset, world), blocking=True)
-            manager.close()
-            return _shutdown(stop.exit_code(), server)
-        if should_checkpoint(t.progress.step, cfg.checkpoint_interval_steps, time_due):
-            if busy:
-                # A slow or failing store must not stall training: skip, the next one retries.
-                if denv.is_coordinator:
-                    emit("checkpoint_deferred", step=t.progress.step,
-                         reason="previous upload still in flight")
-            else:
-                manager.save(_save_request(t, cfg, dataset, world))
-                last_save = time.monotonic()
-        manager.poll()
-
-    manager.save(_save_request(t, cfg, dataset, world), blocking=True)
-    manager.close()
-    if not manager.holds(t.progress.step):
-        # Never "finished" without the final state: a peer lost during the save restarts the
-        # group (faults.guard_main reads the cause), a store failure is a counted crash; either
-        # way the replacement resumes from the newest commit and trains the rest again.
-        raise FinalCheckpointError(
-            f"the final checkpoint (step {t.progress.step}) was not committed: "
-            f"{manager.last_error}") from manager.last_error
-    if denv.is_coordinator:
-        emit("finished", step=t.progress.step, loss=t.progress.last_loss,
-             failed_saves=manager.failed_saves)
-    if denv.local_rank == 0:
-        metrics.write_final_progress()
-    return _shutdown(0, server)
-
-
-class FinalCheckpointError(RuntimeError):
-    """Training ended but its final checkpoint did not commit."""
+    on_step = None if wandb_run is None else (lambda r: wandb_run.log(r, step=r["step"]))
+    session = Session(config=cfg, progress=t.progress, on_step=on_step,
+                      sidecar=lambda: _sidecar(t, cfg, dataset),
+                      model=t.model, optim=t.optimizer, trainer=TrainerState(t))
+    try:
+        with session:
+            for _ in session.steps():
+                result = train_step(t, cfg, denv, dataset, accum)
+                peak, measure = measure_peak(denv.device.type)
+                metrics.record_peak_memory(peak, measure)
+                fields: dict[str, Any] = {
+                    "lr": result.lr, "grad_norm": result.grad_norm, "ram": _rss_bytes(),
+                    "vram": (torch.cuda.memory_allocated(denv.device)
+                             if denv.device.type == "cuda" else 0),
+                    "peak_memory": peak}
+                if result.skipped:
+                    fields["skipped"] = result.skipped
+                session.report(loss=result.loss, tokens=tokens, **fields)
+    except SystemExit as stop:  # the session's stop: this rank's exit code
+        return stop.code if isinstance(stop.code, int) else 0
+    return 0
 
 
 def build_objects(cfg: TrainerConfig, denv: DistEnv) -> TrainObjects:
@@ -188,8 +131,7 @@ def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Data
     t.scaler.update()
     t.scheduler.step()
     t.guard.observe(loss_value, grad_norm, skipped is not None)
-    p = t.progress
-    p.step += 1
+    p = t.progress  # p.step is advanced by the session, after this body
     p.samples_seen += cfg.global_batch_size
     p.tokens_seen += cfg.global_batch_size * cfg.seq_len
     p.last_loss = loss_value
@@ -208,66 +150,30 @@ def check_memory(cfg: TrainerConfig, denv: DistEnv) -> None:
                    f"this host ({denv.local_world_size} rank(s))")
 
 
-def _resume(manager: CheckpointManager, t: TrainObjects, cfg: TrainerConfig,
-            denv: DistEnv) -> None:
-    state = build_app_state(t)
-    loaded = manager.load(state, cfg.resume_from)
-    if loaded is None:
-        if denv.is_coordinator:
-            emit("fresh_start", world_size=denv.world_size, uri=manager.storage.uri)
-        return
-    apply_app_state(t, state)
-    metrics.record_resumed(t.progress.step)
-    if denv.is_coordinator:
-        emit("resumed", step=t.progress.step, uri=loaded.uri, world_size=denv.world_size,
-             saved_world_size=loaded.sidecar.get("world_size"),
-             restart_count=denv.restart_count)
+class TrainerState:
+    """The built-in trainer's state beside model and optimizer (checkpointed as `trainer`):
+    step, data position, scheduler, grad scaler and guard; small and the same on every rank."""
+
+    def __init__(self, t: TrainObjects) -> None:
+        self.t = t
+
+    def state_dict(self) -> dict[str, Any]:
+        return trainer_state(self.t)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        apply_trainer_state(self.t, state_dict)
 
 
-def _save_request(t: TrainObjects, cfg: TrainerConfig, dataset: Dataset,
-                  world: int) -> SaveRequest:
+def _sidecar(t: TrainObjects, cfg: TrainerConfig, dataset: Dataset) -> dict[str, Any]:
     p = t.progress
-    sidecar = {
-        "step": p.step, "epoch": dataset.epoch_of(p.samples_seen), "loss": p.last_loss,
-        "samples_seen": p.samples_seen, "tokens_seen": p.tokens_seen,
+    return {
+        "epoch": dataset.epoch_of(p.samples_seen), "samples_seen": p.samples_seen,
+        "tokens_seen": p.tokens_seen,
         "metrics": {"skipped_steps": t.guard.skipped_steps,
                     "lr": t.optimizer.param_groups[0]["lr"]},
-        "world_size": world, "hostname": socket.gethostname(), "hardware": _hardware(),
-        "torch_version": torch.__version__, "job_name": cfg.job_name, "model": cfg.model,
-        "strategy": cfg.strategy, "time": time.time(),
+        "hardware": _hardware(), "model": cfg.model, "strategy": cfg.strategy,
+        "source": "elastrain_trainer",
     }
-    return SaveRequest(p.step, build_app_state(t), sidecar)
-
-
-def _log_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, r: StepResult,
-              duration: float, wandb_run: Any) -> None:
-    tokens = cfg.global_batch_size * cfg.seq_len
-    metrics.record_step(t.progress.step, r.loss, duration, tokens)
-    peak, measure = measure_peak(denv.device.type)
-    metrics.record_peak_memory(peak, measure)
-    if not denv.is_coordinator:
-        return
-    record: dict[str, Any] = {"step": t.progress.step, "loss": r.loss, "lr": r.lr,
-              "grad_norm": r.grad_norm, "step_time": round(duration, 5),
-              "tokens_per_s": round(tokens / max(duration, 1e-9), 1), "ram": _rss_bytes(),
-              "vram": (torch.cuda.memory_allocated(denv.device)
-                       if denv.device.type == "cuda" else 0),
-              "peak_memory": peak, "world_size": denv.world_size}
-    if r.skipped:
-        record["skipped"] = r.skipped
-    emit("step", **record)
-    if wandb_run is not None:
-        wandb_run.log(record, step=t.progress.step)
-
-
-def _serve_metrics(cfg: TrainerConfig, denv: DistEnv) -> Any:
-    if cfg.metrics_port == 0 or denv.local_rank != 0:
-        return None
-    try:
-        return metrics.serve(cfg.metrics_port)
-    except OSError as e:
-        emit("metrics_unavailable", port=cfg.metrics_port, error=str(e))
-        return None
 
 
 def _maybe_wandb(cfg: TrainerConfig, denv: DistEnv) -> Any:
@@ -280,13 +186,6 @@ def _maybe_wandb(cfg: TrainerConfig, denv: DistEnv) -> Any:
         return None
     return wandb.init(project=cfg.wandb_project, name=cfg.job_name, config=vars(cfg),
                       resume="allow")
-
-
-def _shutdown(code: int, server: Any) -> int:
-    if server is not None:
-        server.shutdown()
-    dist.destroy_process_group()
-    return code
 
 
 def _rss_bytes() -> int:

@@ -186,3 +186,77 @@ def test_a_script_whose_final_checkpoint_fails_is_a_crash_not_finished(tmp_path:
     events = [r["event"] for r in map(parse_line, done.stdout.splitlines()) if r]
     assert "checkpoint_failed" in events and "finished" not in events, events
     assert "after-the-block" not in done.stdout
+
+
+HOOKS_PY = '''\
+import json, sys
+
+import torch
+
+from elastrain_trainer.api import Session, init_distributed, run
+
+
+class Position:
+    """A loop's own progress: the session advances .step, this object saves it."""
+
+    def __init__(self):
+        self.step, self.samples = 0, 0
+
+    def state_dict(self):
+        return {"step": self.step, "samples": self.samples}
+
+    def load_state_dict(self, sd):
+        self.step, self.samples = int(sd["step"]), int(sd["samples"])
+
+
+def main():
+    init_distributed()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    position, records = Position(), []
+    with Session(model=model, position=position, progress=position, steps=int(sys.argv[1]),
+                 sidecar=lambda: {"samples": position.samples},
+                 on_step=records.append) as session:
+        print(json.dumps({"resumed_from": session.resumed_from, "step": position.step}))
+        for step in session.steps():
+            position.samples += 8
+            session.report(loss=0.5, tokens=8, lr=0.1 * step)
+    print(json.dumps({"records": records}))
+
+
+run(main)
+'''
+
+
+def test_a_loop_with_its_own_progress_drives_the_session(tmp_path: Path) -> None:
+    """What the built-in trainer uses (Session(progress=, sidecar=, on_step=) and report's extra
+    fields): the object's step is advanced and resumed, the session adds no step of its own to
+    the checkpoint, and the fields reach the records and the sidecar."""
+    script = tmp_path / "hooks.py"
+    script.write_text(HOOKS_PY)
+    env = {**os.environ, "ELASTRAIN_METRICS_PORT": "0", "OMP_NUM_THREADS": "1",
+           "ELASTRAIN_CHECKPOINT_URI": f"file://{tmp_path}/ckpt",
+           "ELASTRAIN_CHECKPOINT_INTERVAL_STEPS": "0"}
+
+    def attempt(steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        done = subprocess.run([sys.executable, str(script), str(steps)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+        events = [x for x in lines if "event" in x]
+        return [x for x in lines if "event" not in x], events
+
+    mine, events = attempt(3)
+    assert mine[0] == {"resumed_from": None, "step": 0}
+    steps = [e for e in events if e["event"] == "step"]
+    assert [(e["step"], e["lr"], e["loss"]) for e in steps] == [(1, 0.0, 0.5), (2, 0.1, 0.5),
+                                                                (3, 0.2, 0.5)]
+    assert [r["step"] for r in mine[1]["records"]] == [1, 2, 3]  # on_step saw each record
+    sidecar = json.loads((tmp_path / "ckpt" / "step-00000003" / "sidecar.json").read_text())
+    assert sidecar["samples"] == 24 and sidecar["step"] == 3
+    state = load_checkpoint(tmp_path / "ckpt", 3, tmp_path)
+    assert set(state) == {"model", "position"}, sorted(state)  # no step of the session's own
+    assert state["position"] == {"step": 3, "samples": 24}
+    mine, _ = attempt(5)
+    assert mine[0] == {"resumed_from": 3, "step": 3}
+    assert [r["step"] for r in mine[1]["records"]] == [4, 5]

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from elastrain_trainer.api import should_checkpoint
 from elastrain_trainer.guard import SpikeGuard
 from elastrain_trainer.schedule import Schedule, lr_at
-from elastrain_trainer.train import should_checkpoint
 
 COS = Schedule("cosine", lr=1.0, min_lr=0.1, warmup_steps=10, total_steps=110)
 WSD = Schedule("wsd", lr=1.0, min_lr=0.1, warmup_steps=10, total_steps=110, decay_fraction=0.2)
