@@ -70,16 +70,22 @@ def require_root() -> None:
         _unavailable("the real node needs root (bridge, iptables, cgroups, mounts)")
 
 
+def ensure_node_binaries() -> None:
+    """Builds what the node tier needs beyond the control plane (kubelet, kube-proxy, CoreDNS)
+    when missing: cached after the first time; the harness tests run first on a fresh machine."""
+    missing = cluster.find_binaries().missing("node", True)
+    if missing:
+        print(f"\nbuilding: hack/build-all.sh {' '.join(missing)}", file=sys.stderr)
+        cluster.build(missing)
+
+
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     require_root()
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        missing = cluster.find_binaries().missing("node", True)
-        if missing:
-            print(f"\nbuilding: hack/build-all.sh {' '.join(missing)}", file=sys.stderr)
-            cluster.build(missing)
+        ensure_node_binaries()
         started = time.monotonic()
         images = cluster.node_images()
         print(f"\nimages ready in {time.monotonic() - started:.0f} s: "

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import cluster
-from tests.e2e.conftest import require_root
+from tests.e2e.conftest import ensure_node_binaries, require_root
 from tests.e2e.support import Kubectl, wait_for
 
 
@@ -63,6 +63,7 @@ print("PROBE " + json.dumps(out), flush=True)
 def test_node_runs_pods_keeps_traffic_inside_and_down_restores_the_host(
         tmp_path: Path) -> None:
     require_root()
+    ensure_node_binaries()  # this module runs before the session node, which would build them
     images = cluster.node_images(("pause", "operator"))
     before = host_state()
     state = cluster.up(tmp_path / "node", tier="node", s3=True, die_with_parent=True,
@@ -96,6 +97,7 @@ def test_node_runs_pods_keeps_traffic_inside_and_down_restores_the_host(
 
 def test_a_second_node_is_refused_while_one_runs(tmp_path: Path) -> None:
     require_root()
+    ensure_node_binaries()
     images = cluster.node_images(("pause",))
     cluster.up(tmp_path / "one", tier="node", s3=False, die_with_parent=True, images=images)
     try:
