@@ -67,7 +67,7 @@ STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "containerd", "kube-scheduler"
               "kube-controller-manager", "kube-apiserver", "etcd", "minio")
 TIERS = ("none", "a", "a+", "node")
 # What `up --tier node` loads into the node's containerd when the caller names no images.
-NODE_IMAGES = ("pause", "operator", "trainer")
+NODE_IMAGES = ("pause", "operator", "trainer", "torch")
 
 
 # ---------------------------------------------------------------------------- versions and binaries

@@ -1,4 +1,4 @@
-"""python3 -m hack.images build [pause|base|operator|trainer|all ...]   # default: all
+"""python3 -m hack.images build [pause|base|operator|trainer|torch|all ...]   # default: all
 python3 -m hack.images show [--json]     # refs, archives and whether each is built; builds nothing
 
 Run from the repository root. Prints one line per image: name, ref, archive, size.

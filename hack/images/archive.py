@@ -97,6 +97,35 @@ def write_archive(dest: Path, *, ref: str, root: Path, config: Mapping[str, Any]
         os.replace(partial, dest)
 
 
+def write_lower_archive(src: Path, dest: Path, *, ref: str, history_end: str,
+                        config: Mapping[str, Any]) -> None:
+    """Writes, tagged ref, the image made of src's layers up to the first history entry whose
+    created_by contains history_end (a Dockerfile stage's last instruction), with `config` as
+    its runtime config: a lower stage of a multi-stage image, without building it again."""
+    manifest, full = read_manifest(src), read_config(src)
+    ends = [i for i, h in enumerate(full["history"]) if history_end in h.get("created_by", "")]
+    if not ends:
+        raise ValueError(f"{src}: no history entry contains {history_end!r}")
+    history = full["history"][:ends[0] + 1]
+    layers = sum(1 for h in history if not h.get("empty_layer"))
+    cfg = json.dumps({**image_config([], config, created=history[-1].get("created", ""),
+                                     comment=""),
+                      "rootfs": {"type": "layers", "diff_ids": full["rootfs"]["diff_ids"][:layers]},
+                      "history": history}, sort_keys=True).encode()
+    cfg_name = f"{hashlib.sha256(cfg).hexdigest()}.json"
+    kept = manifest["Layers"][:layers]
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+        partial = Path(tmp) / "archive.tar"
+        with tarfile.open(src) as source, tarfile.open(partial, "w",
+                                                       format=tarfile.PAX_FORMAT) as tar:
+            _add_bytes(tar, cfg_name, cfg)
+            for name in kept:
+                tar.addfile(source.getmember(name), source.extractfile(name))
+            _add_bytes(tar, "manifest.json", json.dumps(
+                [{"Config": cfg_name, "RepoTags": [ref], "Layers": kept}]).encode())
+        os.replace(partial, dest)
+
+
 # ------------------------------------------------------------------------------------- reading
 
 

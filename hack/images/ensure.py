@@ -6,12 +6,18 @@ hash matches, a locked build otherwise.
     operator  Dockerfile, PYTHON_IMAGE=<base>                       (buildah.py)
     trainer   trainer_image/Dockerfile, BASE_IMAGE=<base>, torch from PyPI (a CUDA build) without
               triton and cuda-bindings, from a wheelhouse in $ELASTRAIN_CACHE/wheels
+    torch     the trainer archive's layers up to the end of its `torch` stage (no build: cut
+              out of the archive, so the layers are the trainer's own) with a root config of its
+              own: a stock torch image with no elastrain code, a user's own `torchrun train.py`
+              image for the e2e tier
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
+import json
 import os
 import re
 import sys
@@ -23,12 +29,13 @@ from pathlib import Path
 
 from hack.debian import PackageError, ensure_packages
 from hack.images import base, pause
+from hack.images.archive import write_lower_archive
 from hack.images.buildah import DockerfileBuild, build_dockerfile, load_archive
 from hack.images.cache import BuildError, cache_root, images_dir, locked, log, record_time, run
 from hack.images.inputs import input_hash
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("pause", "base", "operator", "trainer")
+NAMES = ("pause", "base", "operator", "trainer", "torch")
 DEFAULT_NAMES = ("pause", "operator", "trainer")
 # Where the trainer's torch comes from: PyPI (download.pytorch.org is not reachable everywhere),
 # through a wheelhouse filled once and mounted read-only into every build at WHEELS_IN_BUILD.
@@ -85,14 +92,21 @@ def planned_images(names: Iterable[str] = NAMES, *, repo: Path = REPO) -> dict[s
     """What ensure_images would return, without building anything (archives may be missing);
     the base's hash needs no base build: it depends on inputs only."""
     base_image = _plan("base", repo, None).image
-    return {n: _plan(n, repo, None if n == "base" else base_image).image for n in names}
+    planned = {n: _plan(n, repo, None if n == "base" else base_image).image
+               for n in names if n != "torch"}
+    if "torch" in names:
+        planned["torch"] = _torch_plan(_plan("trainer", repo, base_image).image).image
+    return {n: planned[n] for n in names}
 
 
 def _ensure(name: str, repo: Path, done: dict[str, Image]) -> Image:
     if name in done:
         return done[name]
-    base_image = None if name in ("pause", "base") else _ensure("base", repo, done)
-    plan = _plan(name, repo, base_image)
+    if name == "torch":
+        plan = _torch_plan(_ensure("trainer", repo, done))
+    else:
+        base_image = None if name in ("pause", "base") else _ensure("base", repo, done)
+        plan = _plan(name, repo, base_image)
     image = plan.image
     if not image.archive.exists():
         with locked(name):
@@ -198,6 +212,30 @@ def trainer_build(base_image: Image) -> DockerfileBuild:
         },
         volumes=(f"{wheelhouse_dir()}:{WHEELS_IN_BUILD}:ro",),
     )
+
+
+# The last instruction of trainer_image/Dockerfile's `torch` stage, as buildah records it in the
+# image history: the torch image is the trainer's layers up to there.
+TORCH_STAGE_END = "ENV PATH=/opt/venv/bin:$PATH"
+# A stock image's runtime config: root, torch's venv first on PATH, unbuffered output.
+TORCH_CONFIG = {"Env": ["PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                        "/sbin:/bin", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1"],
+                "Cmd": ["python3"], "WorkingDir": "/"}
+
+
+def _torch_plan(trainer: Image) -> _Plan:
+    digest = hashlib.sha256(json.dumps(
+        {"trainer": trainer.input_hash, "end": TORCH_STAGE_END, "config": TORCH_CONFIG,
+         "archive.py": (REPO / "hack/images/archive.py").read_text()},
+        sort_keys=True).encode()).hexdigest()
+    ref = f"elastrain/torch:{digest[:12]}"
+    image = Image("torch", ref, images_dir() / f"torch-{digest[:12]}.tar", digest)
+
+    def build(dest: Path, log_file: Path) -> None:
+        write_lower_archive(trainer.archive, dest, ref=ref, history_end=TORCH_STAGE_END,
+                            config=TORCH_CONFIG)
+
+    return _Plan(image, build)
 
 
 def torch_version() -> str:

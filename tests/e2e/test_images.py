@@ -27,7 +27,8 @@ from hack.images.archive import iter_layer_entries, read_config, read_manifest  
 
 pytestmark = pytest.mark.e2e
 
-NAMES = ("pause", "operator", "trainer")
+NAMES = ("pause", "operator", "trainer", "torch")
+NONROOT_NAMES = ("pause", "operator", "trainer")  # torch: a stock user image, root like most
 NONROOT = "65532:65532"
 SITE_PACKAGES = re.compile(r"^opt/venv/lib/python3\.\d+/site-packages/(?P<top>[^/]+)")
 BUILD_TOOLS = ("buildah", "debootstrap", "gcc", "git")
@@ -64,7 +65,7 @@ def site_packages(image: Image) -> set[str]:
     return {m["top"] for p in layer_files(image) if (m := SITE_PACKAGES.match(p))}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NONROOT_NAMES)
 def test_image_runs_as_numeric_nonroot_user(images: dict[str, Image], name: str) -> None:
     assert read_config(images[name].archive)["config"].get("User") == NONROOT
 
@@ -98,3 +99,19 @@ def test_trainer_image_has_torch_but_not_what_cpu_training_never_loads(
     assert {"torch", "elastrain_trainer"} <= packages
     skipped = {p for p in packages if p.lower().startswith(("triton", "cuda_bindings"))}
     assert not skipped, f"left out on purpose, yet in the trainer image: {sorted(skipped)}"
+
+
+def test_torch_image_is_stock_torch_and_the_trainers_lower_layers(
+        images: dict[str, Image]) -> None:
+    """The e2e tier's user image: torch and torchrun on PATH, none of elastrain's packages, and
+    built from the trainer's own first stage (its layers are the trainer's lowest ones)."""
+    packages = site_packages(images["torch"])
+    assert "torch" in packages
+    ours = {p for p in packages if p.lower().startswith("elastrain")}
+    assert not ours, f"elastrain code in the stock torch image: {sorted(ours)}"
+    env = read_config(images["torch"].archive)["config"]["Env"]
+    assert any(e.startswith("PATH=/opt/venv/bin:") for e in env), env
+    assert "opt/venv/bin/torchrun" in layer_files(images["torch"])
+    torch_layers = read_manifest(images["torch"].archive)["Layers"]
+    trainer_layers = read_manifest(images["trainer"].archive)["Layers"]
+    assert trainer_layers[:len(torch_layers)] == torch_layers
