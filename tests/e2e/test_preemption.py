@@ -250,19 +250,31 @@ def test_7_drain_waits_then_resumes_with_no_steps_lost(training: Training) -> No
     assert first["step"] - 1 <= stalled
 
 
+def _operator_pods(t: Training) -> list[dict[str, Any]]:
+    return list(t.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                         "app.kubernetes.io/name=elastrain")["items"])
+
+
 def test_8_operator_killed_during_a_recovery(training: Training) -> None:
     t = training
     t.settle()
     before = t.counters()
     pod = t.worker(1)
     at = t.evict(pod)
-    operators = t.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                         "app.kubernetes.io/name=elastrain")["items"]
+    operators = _operator_pods(t)
     for op in operators:
         t.k("delete", "pod", op["metadata"]["name"], "-n", OPERATOR_NAMESPACE, "--grace-period=0",
             "--force")
+    # The kill landed mid-recovery: the evicted worker was still terminating (its finalizer is
+    # the operator's to remove, once it has counted the loss).
+    evicted = t.k("get", "pod", pod, "-n", t.ns, "-o", "json", check=False)
+    assert evicted.returncode == 0 and json.loads(evicted.stdout)["metadata"].get(
+        "deletionTimestamp"), "the evicted worker was gone before the operator was killed"
     first = t.resumed_after(at)
     record_recovery("8-operator-killed", float(first["time"]) - at, pod=pod)
     t.settle()
+    old = {op["metadata"]["uid"] for op in operators}
+    assert all(op["metadata"]["uid"] not in old for op in _operator_pods(t)), \
+        "the recovery was finished by the operator that was killed"
     assert t.counters() == (before[0] + 1, before[1])
     assert steps_lost_at(t.logs, at) == 0
