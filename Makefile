@@ -59,6 +59,7 @@ test-trainer: venv build-deps  ## trainer unit + integration tests (real torchru
 bench: venv build-deps  ## benchmarks; each prints ratios measured side by side in one run
 	$(BIN)/python bench/checkpoint_s3.py
 	$(BIN)/python bench/token_dataset.py
+	$(BIN)/python bench/storage_backends.py
 	$(BIN)/python bench/checkpoint_path.py
 
 .PHONY: bench-checkpoint

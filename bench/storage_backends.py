@@ -1,6 +1,7 @@
 """s3:// checkpoint storage: boto3 (S3Storage) vs fsspec over s3fs (FsspecStorage), same MinIO.
 
     .venv/bin/python bench/storage_backends.py [--pairs 5] [--shard-mib 64] [--shards 4]
+        [--out bench/results/storage_backends.json]
 
 One checkpoint-shaped write (N shards from memory, then 20 small objects: digests, manifest,
 sidecar, marker, latest) and the read of it back, through each backend in turn (ABAB...) in
@@ -12,10 +13,13 @@ through hack/cluster.py (as checkpoint_s3.py does).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
 import time
 import uuid
+from pathlib import Path
 
 from s3_target import s3_target
 
@@ -50,13 +54,20 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--shard-mib", type=int, default=64)
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results"
+                        / "storage_backends.json")
     args = parser.parse_args()
     with s3_target() as (endpoint, bucket):
-        run(args, endpoint, bucket)
+        result = run(args, endpoint, bucket)
+    result.update(date=time.strftime("%Y-%m-%d"), args={k: str(v) for k, v in vars(args).items()},
+                  machine={"cpus": os.cpu_count(), "platform": platform.platform()})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
-def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
+def run(args: argparse.Namespace, endpoint: str, bucket: str) -> dict[str, object]:
     root = f"s3://{bucket}/bench-backends-{uuid.uuid4().hex[:8]}"
     backends: dict[str, CheckpointStorage] = {
         "boto3": S3Storage(root + "/boto3", endpoint_url=endpoint),
@@ -73,6 +84,7 @@ def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
             writes[name].append(w)
             reads[name].append(r)
     size = args.shards * args.shard_mib
+    result: dict[str, object] = {"mib": size, "write_s": writes, "read_s": reads}
     print(f"{args.shards} x {args.shard_mib} MiB shards + 20 small objects, {args.pairs} pairs "
           f"(ABAB), endpoint {endpoint}")
     for what, table in (("write", writes), ("read", reads)):
@@ -81,6 +93,8 @@ def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
         ratios = [f / b for f, b in zip(table["fsspec"], table["boto3"], strict=True)]
         print(f"  {what:5} fsspec/boto3 ratio: median {statistics.median(ratios):.2f} "
               f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+        result[f"{what}_fsspec_over_boto3"] = statistics.median(ratios)
+    return result
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Token file reads as the trainer does them: samples/s from MinIO vs from a local file.
 
     .venv/bin/python bench/token_dataset.py [--pairs 5] [--samples 8192] [--seq-len 1024]
+        [--model gpt-100m] [--model-steps 3] [--out bench/results/token_dataset.json]
 
 Uses ELASTRAIN_S3_ENDPOINT / _ACCESS_KEY / _SECRET_KEY / _BUCKET when set, else starts MinIO
 through hack/cluster.py. Writes one llm.c v1 file (uint16 tokens) to a temp dir and to the
@@ -12,11 +13,18 @@ step would, which is when read-ahead can hide the network. Prints medians with m
 the ratios. Ceilings, in the same run: one GET of the whole
 object and one read of the whole file, expressed in samples/s. The local file sits in the page
 cache (just written): "file" is the memory-map path, not a disk.
+
+What the data path must keep up with, in the same run: --model-steps forward+backward passes
+of --model (micro-batch 1 at --seq-len, all cores) give the samples/s this machine trains at;
+the ratio data/compute says how far the data path is from being the bottleneck.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -72,14 +80,48 @@ def main() -> int:
     parser.add_argument("--accum", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16 << 20)
     parser.add_argument("--compute-ms", type=float, default=20.0)
+    parser.add_argument("--model", default="gpt-100m")
+    parser.add_argument("--model-steps", type=int, default=3, help="0: skip the model")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/token_dataset.json")
     args = parser.parse_args()
+    model_rate = model_samples_per_s(args) if args.model_steps else None
     torch.set_num_threads(1)
     with s3_target() as (endpoint, bucket):
-        run(args, endpoint, bucket)
+        result = run(args, endpoint, bucket)
+    result["model"] = {"name": args.model, "seq_len": args.seq_len, "steps": args.model_steps,
+                       "samples_per_s": model_rate}
+    if model_rate:
+        for where in ("file", "s3"):
+            ratio = result["samples_per_s"][where] / model_rate
+            result[f"{where}_over_model"] = ratio
+            print(f"{where} data path / {args.model} training: {ratio:,.0f}x the samples/s it "
+                  f"trains at ({model_rate:.2f} samples/s, micro-batch 1, seq {args.seq_len})")
+    result.update(date=time.strftime("%Y-%m-%d"), args={k: str(v) for k, v in vars(args).items()},
+                  machine={"cpus": os.cpu_count(), "platform": platform.platform(),
+                           "torch": torch.__version__})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
-def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
+def model_samples_per_s(args: argparse.Namespace) -> float:
+    """Samples/s of forward+backward of the model on this machine (one warm-up pass first)."""
+    from elastrain_trainer.model import build_model, lm_loss
+
+    model = build_model(args.model, args.seq_len, 50304)
+    x = torch.randint(0, 50304, (1, args.seq_len + 1))
+    times = []
+    for i in range(args.model_steps + 1):
+        t0 = time.perf_counter()
+        lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+        if i:
+            times.append(time.perf_counter() - t0)
+    del model
+    return 1 / statistics.median(times)
+
+
+def run(args: argparse.Namespace, endpoint: str, bucket: str) -> dict[str, object]:
     from elastrain_trainer.checkpoint.s3 import S3Storage
 
     data = llmc_bytes(pattern_tokens(args.tokens, 50304))
@@ -133,6 +175,9 @@ def run(args: argparse.Namespace, endpoint: str, bucket: str) -> None:
           f"{args.samples / med['s3 + compute'] / steps * 1000:.2f} ms, none "
           f"{args.samples / med['s3 + compute, no read-ahead'] / steps * 1000:.2f} ms")
     store.delete(store.list())
+    return {"samples_per_s": med, "ceilings": {"get": get_ceiling, "file": file_ceiling},
+            "waits": {m: statistics.median(w) for m, w in waits.items()},
+            "open_ms": {w: statistics.median(v) * 1000 for w, v in opens.items()}}
 
 
 if __name__ == "__main__":
