@@ -1,7 +1,8 @@
 """What a checkpoint holds and how it goes back into live objects.
 
-Model and optimizer go through torch's get/set_state_dict, so DDP and FSDP states are
-sharded DTensors or plain tensors as appropriate and load at any world size. The rest is
+Model and optimizer are checkpointed by the Session (elastrain_trainer.api.ModelState and
+OptimizerState, torch's distributed state-dict helpers), so DDP and FSDP states are sharded
+DTensors or plain tensors as appropriate and load at any world size. The rest, here, is
 small and identical on every rank: step, data position (samples consumed), LR scheduler,
 grad scaler and guard. RNG is not stored: every random draw is seeded by (seed, step,
 rank), which, unlike a saved generator state, still means something after the world
