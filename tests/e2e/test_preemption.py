@@ -278,3 +278,7 @@ def test_8_operator_killed_during_a_recovery(training: Training) -> None:
         "the recovery was finished by the operator that was killed"
     assert t.counters() == (before[0] + 1, before[1])
     assert steps_lost_at(t.logs, at) == 0
+    # Counted late by the new operator, the loss is still dated by the pod, so the resume that
+    # answered it is recorded.
+    wait_for("the recovery recorded by the new operator",
+             lambda: (t.status().get("lastRecovery") or {}).get("pod") == pod)

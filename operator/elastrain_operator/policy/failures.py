@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -71,6 +72,10 @@ class WorkerPod:
     waiting_reason: str = ""
     waiting_message: str = ""
     created: str = ""
+    # When the platform or the trainer ended it, as the pod says; None while it runs. A loss is
+    # dated by this, not by when the operator counts it: an operator that restarts mid-recovery
+    # counts late, and a recovery measured from then would miss a resume that came before.
+    lost_at: datetime | None = None
 
 
 def _condition(status: Manifest, kind: str) -> Manifest | None:
@@ -120,7 +125,30 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
         waiting_reason=str(waiting.get("reason") or ""),
         waiting_message=str(waiting.get("message") or ""),
         created=str(meta.get("creationTimestamp") or ""),
+        lost_at=_lost_at(meta, disruption, terminated),
     )
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _lost_at(meta: Manifest, disruption: Manifest | None,
+             terminated: Manifest) -> datetime | None:
+    """The earliest sign the pod was lost: the DisruptionTarget condition, the deletion request
+    (deletionTimestamp is that plus the grace period), the trainer's exit."""
+    times = []
+    if disruption and disruption.get("status") == "True":
+        times.append(_time(disruption.get("lastTransitionTime")))
+    deleting = _time(meta.get("deletionTimestamp"))
+    if deleting is not None:
+        times.append(deleting - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0)))
+    times.append(_time(terminated.get("finishedAt")))
+    known = [t for t in times if t is not None and t.tzinfo is not None]
+    return min(known) if known else None
 
 
 def lost_rendezvous(pod: WorkerPod) -> bool:

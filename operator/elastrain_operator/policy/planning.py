@@ -127,8 +127,10 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
                 slot: WorkerSlot, now: datetime) -> WorkerSlot:
     preempted = exit_ is Exit.PREEMPTED
     why = describe_exit(pod)
+    # Dated by the pod (never later than now: clocks of kubelet and operator may differ).
+    lost_at = min(pod.lost_at, now) if pod.lost_at is not None else now
     loss = WorkerLoss(index=pod.index, pod=pod.name, kind="Preempted" if preempted else "Failed",
-                      reason=why, exit_code=pod.exit_code, time=now)
+                      reason=why, exit_code=pod.exit_code, time=lost_at)
     acct = r.acct
     if preempted:
         r.counted_preemptions += 1
@@ -145,7 +147,7 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
         r.events.append(EventSpec("Warning", c.WORKER_FAILED,
                                   f"worker {pod.index} (pod {pod.name}) failed: {why}"))
     r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
-                     recovering_since=acct.recovering_since or now)
+                     recovering_since=acct.recovering_since or lost_at)
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -135,3 +136,23 @@ def test_a_crash_reason_from_the_launcher_is_quoted_and_kept_short() -> None:
     plain = read_worker_pod(make_pod(phase="Failed", exit_code=1, exit_reason="Error",
                                      message="Traceback...\nKeyError: 'x'"), WORKER_FINALIZER)
     assert plain is not None and describe_exit(plain) == "exit code 1, Error"
+
+
+def test_a_lost_pod_is_dated_by_its_earliest_sign() -> None:
+    pod = make_pod(phase="Failed", exit_code=143, disruption="EvictionByEvictionAPI",
+                   deleting=True)
+    pod["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:00:05Z"
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = \
+        "2026-01-01T00:00:09Z"
+    # deletionTimestamp is the request plus the grace period: asked at 23:59:30.
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+    parsed = read_worker_pod(pod, WORKER_FINALIZER)
+    assert parsed is not None and parsed.lost_at == datetime(2025, 12, 31, 23, 59, 30, tzinfo=UTC)
+    del pod["metadata"]["deletionTimestamp"]
+    parsed = read_worker_pod(pod, WORKER_FINALIZER)
+    assert parsed is not None and parsed.lost_at == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    pod["status"]["conditions"] = []
+    parsed = read_worker_pod(pod, WORKER_FINALIZER)
+    assert parsed is not None and parsed.lost_at == datetime(2026, 1, 1, 0, 0, 9, tzinfo=UTC)
+    running = read_worker_pod(make_pod(), WORKER_FINALIZER)
+    assert running is not None and running.lost_at is None

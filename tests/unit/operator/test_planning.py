@@ -104,16 +104,19 @@ class World:
 
     # --- what a kubelet/scheduler would do --------------------------------------------------
     def set_pod(self, name: str, phase: str, *, exit_code: int | None = None,
-                disruption: str | None = None, ready: bool = True, message: str = "") -> None:
+                disruption: str | None = None, ready: bool = True, message: str = "",
+                at: datetime | None = None) -> None:
+        """`at`: when the kubelet/apiserver stamped the disruption and the exit."""
+        stamp = {} if at is None else {"lastTransitionTime": at.isoformat()}
         status: dict[str, Any] = {"phase": phase, "podIP": "127.0.0.1", "conditions": [
             {"type": "Ready", "status": "True" if ready and phase == "Running" else "False"}]}
         if disruption:
             status["conditions"].append({"type": "DisruptionTarget", "status": "True",
-                                         "reason": disruption})
+                                         "reason": disruption, **stamp})
         if exit_code is not None:
             status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
                 "exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
-                "message": message}}}]
+                "message": message, **({} if at is None else {"finishedAt": at.isoformat()})}}}]
         self.pods[name]["status"] = status
 
     def run_all(self) -> None:
@@ -459,6 +462,24 @@ def test_training_recovery_is_recorded_once_per_loss() -> None:
     assert training_resumed(p) == [
         "training resumed from scratch 10.0s after demo-worker-0-0 was lost"]
     assert w.status["lastRecovery"]["kind"] == "Failed"
+
+
+def test_a_loss_counted_late_is_dated_by_the_pod_and_still_gets_its_recovery() -> None:
+    # An operator restarted mid-recovery counts the loss at 00:00:40, after the survivors
+    # resumed at 00:00:20; the pod says it was disrupted at 00:00:10.
+    w = started()
+    w.set_pod("demo-worker-1-0", "Running", disruption="EvictionByEvictionAPI",
+              at=T0 + timedelta(seconds=10))
+    p = w.reconcile(T0 + timedelta(seconds=40),
+                    progress=(report(30, T0 + timedelta(seconds=20), resumed_from=30),))
+    assert w.status["recentLosses"][-1]["time"] == "2026-01-01T00:00:10Z"
+    assert w.status["recoveringSince"] == "2026-01-01T00:00:10Z"
+    assert p.training_recovery is not None
+    assert (p.training_recovery.pod, p.training_recovery.seconds) == ("demo-worker-1-0", 10.0)
+    # A stamp from a kubelet whose clock runs ahead never dates a loss after its counting.
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1, at=T0 + timedelta(seconds=99))
+    w.reconcile(T0 + timedelta(seconds=50))
+    assert w.status["recentLosses"][-1]["time"] == "2026-01-01T00:00:50Z"
 
 
 def test_training_recovery_is_measured_from_the_newest_of_several_losses() -> None:
