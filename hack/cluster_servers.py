@@ -11,6 +11,7 @@ import json
 import secrets
 import shutil
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -358,7 +359,12 @@ def start_minio(state: State, binaries: Binaries, *, die_with_parent: bool,
 
     _start(state, "minio", argv, lambda: healthz(state.s3_endpoint + "/minio/health/ready"),
            die_with_parent=die_with_parent, timeout=60, env=env)
-    status = s3_request(state, "PUT", f"/{BUCKET}")
+    # Ready can come a moment before MinIO's IAM is up: it answers 503 (server not initialized)
+    # until then, seen once in ~1 s on a loaded machine.
+    deadline = time.monotonic() + 30
+    while (status := s3_request(state, "PUT", f"/{BUCKET}")) == 503 and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
     if status not in (200, 409):
         raise ClusterError(f"creating bucket {BUCKET}: HTTP {status}")
     state.save()
