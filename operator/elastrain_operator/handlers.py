@@ -14,6 +14,7 @@ Under peering kopf pauses all of these on the replicas that are not active.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -79,15 +80,34 @@ async def on_owned_service_event(*, type: str | None, body: kopf.Body, memo: Any
     await _on_child_event("services", type, body, memo)
 
 
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TIMER_INTERVAL_SECONDS, sharp=False)
+def timer_without_finalizer(fn: Any) -> Any:
+    """@kopf.timer on TrainingJobs, minus the finalizer kopf puts on every object a timer runs
+    for (so that the timer stops before the object goes). Ours only queues a check, and kopf
+    stops it on the DELETED event anyway; the finalizer cost a PATCH (and a watch event) per
+    job created and another per job deleted, held every deletion while no operator ran, and
+    made the TTL's own deletion wait for the timer to exit. kopf has no switch for it, so the
+    handler kopf.timer builds is registered with requires_finalizer=False instead."""
+    scratch = kopf.OperatorRegistry()
+    kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TIMER_INTERVAL_SECONDS, sharp=False,
+               registry=scratch)(fn)
+    (handler,) = scratch._spawning.get_all_handlers()
+    kopf.get_default_registry()._spawning.append(
+        dataclasses.replace(handler, requires_finalizer=False))
+    return fn
+
+
+@timer_without_finalizer
 async def on_timer(*, namespace: str | None, name: str, uid: str, memo: Any,
                    **_: Any) -> None:
     state = _state(memo)
     assert namespace and state.queue
-    now = time.monotonic()
-    poll = now - state.last_progress_poll.get(uid, 0.0) >= PROGRESS_INTERVAL_SECONDS
+    now, key = time.monotonic(), (namespace, name)
+    # A poll of a job with no Ready worker would ask nobody: skip it (and plan nothing) until
+    # one is Ready, so 1000 pending or idle jobs cost no planning rounds.
+    poll = now - state.last_progress_poll.get(uid, 0.0) >= PROGRESS_INTERVAL_SECONDS \
+        and state.cache.pollable(key)
     if poll:
         state.last_progress_poll[uid] = now
-    elif state.cache.is_quiet((namespace, name), utcnow()):
+    elif state.cache.is_quiet(key, utcnow()):
         return  # nothing changed since a check found nothing due until past now
-    state.queue.add((namespace, name), urgent=False, poll=poll)
+    state.queue.add(key, urgent=False, poll=poll)

@@ -282,6 +282,16 @@ class Cache:
             view = self._views.get(key)
             return view is not None and any(d > now for d in view.expected.values())
 
+    def pollable(self, key: Key) -> bool:
+        """Whether a progress poll of this job could reach anyone: some worker is Ready with an
+        IP (what probe.poll_progress asks), or nothing is known of its pods yet."""
+        with self._lock:
+            view = self._views.get(key)
+            if view is None:
+                return True
+            return any(rec.worker is not None and rec.worker.ready and rec.worker.pod_ip
+                       and not rec.worker.deleting for rec in view.pods.values())
+
     def orphans(self, key: Key) -> list[str] | None:
         """Pods still holding the finalizer for a job that is gone; None when none are known.
         Releasing re-reads each pod, so the watch's view is good enough to pick candidates."""

@@ -204,3 +204,18 @@ def test_a_job_deleted_and_created_again_is_not_quiet_from_its_predecessor() -> 
         index += 1
     cache.set_quiet(KEY, signature, NOW + timedelta(seconds=60))
     assert not cache.is_quiet(KEY, NOW)
+
+
+def test_a_job_is_pollable_only_once_a_worker_is_ready_with_an_ip() -> None:
+    cache = Cache()
+    assert cache.pollable(KEY), "nothing known of its pods yet: poll as ever"
+    cache.put_pod(pod(0))
+    cache.put_pod(pod(1, phase="Running"))
+    assert not cache.pollable(KEY), "pending or not Ready: nobody to ask"
+    ready = pod(1, phase="Running")
+    ready["status"].update(podIP="10.0.0.7", conditions=[{"type": "Ready", "status": "True"}])
+    cache.put_pod(ready)
+    assert cache.pollable(KEY)
+    ready["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    cache.put_pod(ready)
+    assert not cache.pollable(KEY)
