@@ -1,7 +1,9 @@
 """kopf settings in one startup handler, and the runtime options __main__ hands over.
 
 - Progress and diff-base in annotations (prefix elastrain.dev): the structural status schema
-  would prune kopf's default `status.kopf`, and the status is ours alone.
+  would prune kopf's default `status.kopf`, and the status is ours alone. No diff-base is
+  built (NoDiffBase): kopf deep-copies every watched object on every event to detect changes
+  for change handlers, and this operator has none.
 - Watch timeouts so a silently dead watch connection is noticed and re-established.
 - The work queue's threads (ELASTRAIN_WORKERS) and a client connection pool as large as them.
 - Peering: the operator creates its KopfPeering object (per watched namespace) or
@@ -85,12 +87,23 @@ def _ensure_peering(kube: Kube, options: RuntimeOptions) -> None:
                   "installed?): %s", name, err)
 
 
+class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff-base serves change handlers (on.create/update/resume/delete/field); every
+    handler here is on.event or the timer, which read no diff. Building it deep-copies the
+    whole object (status and managedFields included) on every watch event of every pod,
+    Service and job: 11% of the operator's CPU while 1000 jobs' children were created."""
+
+    def build(self, *, body: kopf.Body,
+              extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     options: RuntimeOptions = memo.options
     state: OperatorState = memo.state
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="elastrain.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = NoDiffBase(
         prefix="elastrain.dev", key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # our own events say what happened
     settings.watching.server_timeout = 120

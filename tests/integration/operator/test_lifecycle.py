@@ -230,6 +230,24 @@ def test_deleting_the_job_garbage_collects_everything(cluster: Cluster,
         cluster.kubectl("get", "svc", "-o", "json").stdout)["items"], timeout=60)
 
 
+def test_a_job_deleted_while_no_operator_runs_goes_at_once(cluster: Cluster,
+                                                           operator: Operator) -> None:
+    # kopf puts a finalizer on every object a timer runs for; the operator registers its timer
+    # without one, so deleting a job never waits for an operator to be up.
+    cluster.create_job(replicas=1)
+    running(cluster, ["demo-worker-0-0"])
+    job = cluster.job()
+    assert job is not None and not job["metadata"].get("finalizers"), job["metadata"]
+    operator.stop()
+    cluster.kubectl("delete", "tj/demo", "--wait=false")
+    wait_for("the job gone with no operator running", lambda: cluster.job() is None, timeout=20)
+    # Its worker keeps the accounting finalizer until an operator releases it as an orphan.
+    assert cluster.pods(live=False)
+    operator.start()
+    wait_for("the orphaned worker released and collected", lambda: not cluster.pods(live=False),
+             timeout=60)
+
+
 def test_invalid_spec_is_a_condition_not_a_crash(cluster: Cluster, operator: Operator) -> None:
     # A spec the CRD can judge alone never gets here (admission refuses it); a child's name
     # taken by someone else's Service is what only the operator sees.
