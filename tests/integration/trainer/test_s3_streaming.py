@@ -233,3 +233,32 @@ def test_views_dtypes_and_bytes_load_exactly_from_the_shard_in_memory(
     assert into["trainer"] == saved["trainer"]
     for name, t in saved["model"].items():
         assert torch.equal(into["model"][name], t), name
+
+
+def test_parts_are_sent_unsigned_but_with_a_checksum_the_server_verifies(storage: Any) -> None:
+    # The SigV4 payload hash would be a second sha256 of every byte over plain http; the CRC32
+    # checksum header keeps each part verified by the server instead.
+    sent: list[dict[str, str]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        if "uploadId=" in request.url and "partNumber=" in request.url:
+            sent.append({k.lower(): v.decode() if isinstance(v, bytes) else str(v)
+                         for k, v in request.headers.items()})
+    storage.client.meta.events.register("before-send.s3.UploadPart", record)
+    writer = storage.open_writer("unsigned.bin")
+    writer.write(os.urandom(2 * PART + 1))
+    writer.close()
+    assert len(sent) == 3
+    for headers in sent:
+        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+        assert any(k.startswith("x-amz-checksum-") for k in headers), headers
+    # A part whose bytes do not match its checksum is refused by the server.
+    bad = storage.client.create_multipart_upload(Bucket=storage.bucket,
+                                                 Key=f"{storage.prefix}/bad.bin")
+    with pytest.raises(Exception, match=r"(?i)checksum|digest"):
+        storage.client.upload_part(Bucket=storage.bucket, Key=f"{storage.prefix}/bad.bin",
+                                   UploadId=bad["UploadId"], PartNumber=1, Body=b"x" * 1024,
+                                   ChecksumCRC32="AAAAAA==")
+    storage.client.abort_multipart_upload(Bucket=storage.bucket,
+                                          Key=f"{storage.prefix}/bad.bin",
+                                          UploadId=bad["UploadId"])

@@ -46,8 +46,13 @@ from elastrain_trainer.checkpoint.s3_transfer import (
 MIB = 1 << 20
 TRANSFER = TransferConfig(multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB,
                           max_concurrency=8, use_threads=True)
+# payload_signing_enabled=False: over plain http (an in-cluster MinIO) botocore would otherwise
+# sha256 every part's body for the SigV4 signature, a second full hash of each checkpoint on
+# top of ours; the parts keep their CRC32 checksum header, which the server verifies (over https
+# botocore already leaves the payload unsigned when such a checksum is sent).
 CLIENT_CONFIG = Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=5,
-                       read_timeout=30, s3={"addressing_style": "path"},
+                       read_timeout=30,
+                       s3={"addressing_style": "path", "payload_signing_enabled": False},
                        max_pool_connections=16)
 
 
