@@ -147,7 +147,7 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
         r.events.append(EventSpec("Warning", c.WORKER_FAILED,
                                   f"worker {pod.index} (pod {pod.name}) failed: {why}"))
     r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
-                     recovering_since=acct.recovering_since or lost_at)
+                     recovering_since=min(acct.recovering_since or lost_at, lost_at))
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
 
 

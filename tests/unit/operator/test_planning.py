@@ -482,6 +482,21 @@ def test_a_loss_counted_late_is_dated_by_the_pod_and_still_gets_its_recovery() -
     assert w.status["recentLosses"][-1]["time"] == "2026-01-01T00:00:50Z"
 
 
+def test_a_recovery_waits_for_a_loss_counted_later_but_dated_earlier() -> None:
+    w = started()
+    w.set_pod("demo-worker-1-0", "Running", disruption="EvictionByEvictionAPI",
+              at=T0 + timedelta(seconds=11))
+    w.reconcile(T0 + timedelta(seconds=20))
+    w.set_pod("demo-worker-0-0", "Running", disruption="EvictionByEvictionAPI",
+              at=T0 + timedelta(seconds=10))
+    w.reconcile(T0 + timedelta(seconds=21))
+    assert w.status["recoveringSince"] == "2026-01-01T00:00:10Z"
+    w.set_pod("demo-worker-1-1", "Running")
+    assert w.reconcile(T0 + timedelta(seconds=30)).recovered_after_seconds is None
+    w.set_pod("demo-worker-0-1", "Running")
+    assert w.reconcile(T0 + timedelta(seconds=40)).recovered_after_seconds == 30.0
+
+
 def test_training_recovery_is_measured_from_the_newest_of_several_losses() -> None:
     w = started()
     w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
