@@ -44,8 +44,13 @@ test-unit: venv  ## pure tests, seconds, no servers
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv lint build-deps  ## everything CI runs: lint + every tier against real servers, e2e on a real node included (root)
-	$(BIN)/python -m pytest tests -q $(PYTEST_ARGS)
+# The e2e tier is a target of its own (make test-e2e): with it, CI on a cold machine took ~74 min,
+# past the 60 min it must stay under to leave CI's 90 min limit a margin. `make test-all` runs both.
+test: venv lint build-deps  ## what CI runs: lint + the unit and integration tiers against real servers and torchrun
+	$(BIN)/python -m pytest tests -q --ignore=tests/e2e $(PYTEST_ARGS)
+
+.PHONY: test-all
+test-all: test test-e2e  ## make test, then the e2e tier on a real node (root)
 
 .PHONY: test-operator
 test-operator: venv build-deps  ## operator unit + integration tests (real apiserver)
@@ -84,7 +89,7 @@ images-local:  ## build the pause, operator and trainer images here, without Doc
 	$(PY) -m hack.images build pause operator trainer
 
 .PHONY: test-e2e
-test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs)
+test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~23 min warm, ~37 cold)
 	$(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
 
 .PHONY: cluster-down
