@@ -68,7 +68,7 @@ bench: venv build-deps  ## benchmarks; each prints ratios measured side by side 
 	$(BIN)/python bench/checkpoint_path.py
 
 .PHONY: bench-checkpoint
-bench-checkpoint: venv build-deps  ## checkpoint save+load: elastrain vs stock DCP over s3fs vs the boto3 ceiling, gpt-100m and gpt-350m, async stall (~30 min here)
+bench-checkpoint: venv build-deps  ## checkpoint save+load: elastrain vs stock DCP over s3fs vs the boto3 ceiling, gpt-100m and gpt-350m, async stall (~18 min here)
 	$(BIN)/python bench/checkpoint_path.py $(BENCH_ARGS)
 
 .PHONY: bench-goodput
