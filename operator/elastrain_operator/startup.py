@@ -112,8 +112,8 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.stealth = True
     settings.peering.lifetime = options.peering_lifetime_seconds
     settings.execution.max_workers = 4  # kopf's own threads: our handlers are async
-    # The TTL deletes the job from inside its own timer; kopf re-checks whether that timer has
-    # exited only every cancellation_polling seconds (60 by default) before it lets the job go.
+    # A deleted job's timer is stopped by kopf, which re-checks whether it has exited only every
+    # cancellation_polling seconds (60 by default); the TTL deletes the job from inside it.
     settings.background.cancellation_polling = 1.0
     state.kube = Kube(load_api_client(pool_size=WORKERS + 4))
     state.queue = WorkQueue(state.handle, workers=WORKERS, retry_seconds=HANDLER_BACKOFF_SECONDS)
