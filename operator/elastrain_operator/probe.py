@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.failures import WorkerPod, answers_progress
 from elastrain_operator.policy.progress import ProgressReport, parse_progress
 
 TIMEOUT_SECONDS = 1.0
@@ -28,7 +28,7 @@ def fetch_progress(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> Prog
 
 
 def poll_progress(workers: Sequence[WorkerPod], port: int) -> tuple[ProgressReport, ...]:
-    targets = [w.pod_ip for w in workers if w.ready and w.pod_ip and not w.deleting][:MAX_POLLED]
+    targets = [w.pod_ip for w in workers if answers_progress(w)][:MAX_POLLED]
     if not targets or not port:
         return ()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:

@@ -37,7 +37,7 @@ from elastrain_operator.model.names import (
     worker_service_name,
 )
 from elastrain_operator.model.spec import TrainingJob
-from elastrain_operator.policy.failures import WorkerPod, read_worker_pod
+from elastrain_operator.policy.failures import WorkerPod, answers_progress, read_worker_pod
 from elastrain_operator.policy.planning import Observed, StorePod
 
 Key = tuple[str, str]  # (namespace, job name)
@@ -283,14 +283,14 @@ class Cache:
             return view is not None and any(d > now for d in view.expected.values())
 
     def pollable(self, key: Key) -> bool:
-        """Whether a progress poll of this job could reach anyone: some worker is Ready with an
-        IP (what probe.poll_progress asks), or nothing is known of its pods yet."""
+        """Whether a progress poll of this job could reach anyone (probe.poll_progress asks the
+        workers that answers_progress), or nothing is known of its pods yet."""
         with self._lock:
             view = self._views.get(key)
             if view is None:
                 return True
-            return any(rec.worker is not None and rec.worker.ready and rec.worker.pod_ip
-                       and not rec.worker.deleting for rec in view.pods.values())
+            return any(rec.worker is not None and answers_progress(rec.worker)
+                       for rec in view.pods.values())
 
     def orphans(self, key: Key) -> list[str] | None:
         """Pods still holding the finalizer for a job that is gone; None when none are known.

@@ -129,11 +129,19 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
     )
 
 
-def _time(value: Any) -> datetime | None:
+def aware_time(value: Any) -> datetime | None:
+    """An RFC 3339 time with its zone, as the apiserver and the trainers write them; None when
+    absent, malformed or without a zone (it could not be compared with the operator's clock)."""
     try:
-        return datetime.fromisoformat(str(value)) if value else None
+        parsed = datetime.fromisoformat(str(value)) if value else None
     except ValueError:
         return None
+    return parsed if parsed is not None and parsed.tzinfo is not None else None
+
+
+def answers_progress(pod: WorkerPod) -> bool:
+    """Whether the worker can be asked for its progress: Ready, with an IP, not going away."""
+    return pod.ready and bool(pod.pod_ip) and not pod.deleting
 
 
 def _lost_at(meta: Manifest, disruption: Manifest | None,
@@ -142,12 +150,12 @@ def _lost_at(meta: Manifest, disruption: Manifest | None,
     (deletionTimestamp is that plus the grace period), the trainer's exit."""
     times = []
     if disruption and disruption.get("status") == "True":
-        times.append(_time(disruption.get("lastTransitionTime")))
-    deleting = _time(meta.get("deletionTimestamp"))
+        times.append(aware_time(disruption.get("lastTransitionTime")))
+    deleting = aware_time(meta.get("deletionTimestamp"))
     if deleting is not None:
         times.append(deleting - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0)))
-    times.append(_time(terminated.get("finishedAt")))
-    known = [t for t in times if t is not None and t.tzinfo is not None]
+    times.append(aware_time(terminated.get("finishedAt")))
+    known = [t for t in times if t is not None]
     return min(known) if known else None
 
 

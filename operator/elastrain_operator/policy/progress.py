@@ -35,7 +35,7 @@ from elastrain_operator.model.status import (
     WorkerLoss,
 )
 from elastrain_operator.policy.checkpoints import parse_checkpoint_health
-from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.failures import WorkerPod, aware_time
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ def parse_progress(payload: Any) -> ProgressReport | None:
 
 
 def _aware(text: str) -> datetime:
-    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        raise ValueError(f"{text!r} has no time zone")
+    parsed = aware_time(text)
+    if parsed is None:
+        raise ValueError(f"{text!r} is not a time with a zone")
     return parsed
 
 
