@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)
-    if not args.verbose:  # kopf logs every handler success; the timer alone makes that noise
+    if not args.verbose:  # kopf logs every handler success; the tickers alone make that noise
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         standalone=args.standalone,

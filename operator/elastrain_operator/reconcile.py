@@ -1,12 +1,12 @@
 """One reconcile of one TrainingJob: parse -> observe -> plan -> write status -> apply -> events.
 
-Every trigger (a watch event of the job or of one of its children, the timer) first asks
+Every trigger (a watch event of the job or of one of its children, the job's ticker) first asks
 needs_round(): the same plan, made from the watch-fed view (k8s.cache) without a request to the
 apiserver; only when that plan would change something does reconcile_once() run. It starts from
-a fresh read of the job (the status carries the accounting), observes the children from the
+the watch's copy of the job (the status carries the accounting), observes the children from the
 view when it can be trusted (else live), and writes the status with the job's resourceVersion,
 so a restarted operator picks up exactly where the cluster says things are. A status write that
-loses a race (409) makes the round start over from a fresh read.
+loses a race (409, or 404: the job is gone) makes the round start over from a fresh read.
 
 In-process, concurrent triggers for the same job are coalesced by JobGate: one round runs at a
 time per job, and triggers that arrive meanwhile make it run once more. Across processes kopf
@@ -47,7 +47,9 @@ from elastrain_operator.probe import poll_progress
 
 log = logging.getLogger(__name__)
 ROUNDS = 4  # fresh reads after a lost status race before giving up until the next trigger
-QUIET_HORIZON_SECONDS = 60.0  # how far ahead a check that found nothing looks
+# How far ahead a check that found nothing looks, farthest first: a job quiet for 5 minutes
+# is planned again (by its ticker) once per 5 minutes, not every tick.
+QUIET_HORIZONS_SECONDS = (300.0, 60.0, 15.0)
 
 
 def utcnow() -> datetime:
@@ -94,10 +96,13 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
     if observed.progress is None:
         # Time alone only ever makes steps due (a backoff ends, a deadline or TTL passes),
         # never undue: nothing due at `now` nor at `later` means nothing due in between, so
-        # the timer's next ticks need not plan again until the inputs change or `later`.
-        later = now + timedelta(seconds=QUIET_HORIZON_SECONDS)
-        if not has_work(plan(cached.job, observed, now=later), cached.job, children.orphans):
-            cache.set_quiet(key, signature, later)
+        # the ticker's next ticks need not plan again until the inputs change or `later`.
+        for horizon in QUIET_HORIZONS_SECONDS:
+            later = now + timedelta(seconds=horizon)
+            if not has_work(plan(cached.job, observed, now=later), cached.job,
+                            children.orphans):
+                cache.set_quiet(key, signature, later)
+                break
     return False, options
 
 
@@ -122,8 +127,14 @@ def reconcile_once(kube: Kube, namespace: str, name: str, options: Options = Opt
 
 
 def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
-    for _ in range(ROUNDS):
-        raw = read_job(kube, namespace, name)
+    # The first round starts from the watch's copy of the job, as informer-fed controllers do:
+    # the status write carries its resourceVersion, so a stale copy loses that race (409, or
+    # 404 for a job deleted since) and the next round reads the job fresh. Saves a GET per
+    # round, a seventh of the operator's requests while 1000 new jobs get their children.
+    cached = options.cache.job((namespace, name)) if options.cache is not None else None
+    for attempt in range(ROUNDS):
+        raw = cached.raw if attempt == 0 and cached is not None \
+            else read_job(kube, namespace, name)
         if raw is None:
             for pod in orphaned_pods(kube, namespace, name, options.cache):
                 release_pod(kube, namespace, pod)

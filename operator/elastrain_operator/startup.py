@@ -89,9 +89,9 @@ def _ensure_peering(kube: Kube, options: RuntimeOptions) -> None:
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
     """kopf's diff-base serves change handlers (on.create/update/resume/delete/field); every
-    handler here is on.event or the timer, which read no diff. Building it deep-copies the
-    whole object (status and managedFields included) on every watch event of every pod,
-    Service and job: 11% of the operator's CPU while 1000 jobs' children were created."""
+    handler here is on.event or the per-job ticker daemon, which read no diff. Building it
+    deep-copies the whole object (status and managedFields included) on every watch event of
+    every pod, Service and job: 11% of the operator's CPU while 1000 jobs' children were created."""
 
     def build(self, *, body: kopf.Body,
               extra_fields: Any = None) -> kopf.BodyEssence:
@@ -112,8 +112,8 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.stealth = True
     settings.peering.lifetime = options.peering_lifetime_seconds
     settings.execution.max_workers = 4  # kopf's own threads: our handlers are async
-    # A deleted job's timer is stopped by kopf, which re-checks whether it has exited only every
-    # cancellation_polling seconds (60 by default); the TTL deletes the job from inside it.
+    # A deleted job's ticker is stopped by kopf, which re-checks whether it has exited only
+    # every cancellation_polling seconds (60 by default).
     settings.background.cancellation_polling = 1.0
     state.kube = Kube(load_api_client(pool_size=WORKERS + 4))
     state.queue = WorkQueue(state.handle, workers=WORKERS, retry_seconds=HANDLER_BACKOFF_SECONDS)

@@ -5,7 +5,7 @@ once); these threads do the looking. Like client-go's work queue:
 - a job is queued at most once however many triggers arrive (they are merged, a progress poll
   requested by any of them included);
 - urgent keys (a watch saw a job or one of its children change) always go before routine ones
-  (timer re-checks), so a replacement never waits behind a round of re-checks of idle jobs;
+  (ticker re-checks), so a replacement never waits behind a round of re-checks of idle jobs;
 - one job is handled by one thread at a time (JobGate); a trigger during its handling makes it
   run once more;
 - a handler that raises is retried after a backoff, as kopf retried its handlers.

@@ -30,15 +30,15 @@ class Applied:
 
 
 def write_status(kube: Kube, raw_job: Manifest, status: TrainingJobStatus) -> Manifest:
-    """PUT the whole status with the resourceVersion we read: a lost race raises. Returns the
-    job as written."""
+    """PUT the whole status with the resourceVersion we read: a lost race raises, as does a
+    job deleted since (our copy may be the watch's). Returns the job as written."""
     meta = raw_job["metadata"]
     body = {**raw_job, "status": status.to_api()}
     try:
         return kube.request("PUT", job_path(meta["namespace"], meta["name"]) + "/status",
                             body=body)
     except KubeError as err:
-        if err.conflict:
+        if err.conflict or err.not_found:
             raise StatusConflict(str(err)) from err
         raise
 

@@ -5,7 +5,7 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
 "lastStepTime": RFC3339|null}` (the last four are newer: older trainers leave them out).
-The operator polls its Ready workers from its timer (short timeout, failures ignored) and
+The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored) and
 keeps the largest step. So the operator needs no object-store credentials
 and the workers need no RBAC.
 

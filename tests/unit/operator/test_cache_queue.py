@@ -171,8 +171,8 @@ def test_a_check_that_found_nothing_is_not_repeated_until_something_changes() ->
     cache = Cache()
     steady(cache)
     assert needs_round(cache, KEY, Options(clock=lambda: NOW)) == (False, ANY_OPTIONS)
-    assert cache.is_quiet(KEY, NOW + timedelta(seconds=30))
-    assert not cache.is_quiet(KEY, NOW + timedelta(seconds=61))  # looked only that far ahead
+    assert cache.is_quiet(KEY, NOW + timedelta(seconds=299))
+    assert not cache.is_quiet(KEY, NOW + timedelta(seconds=301))  # looked only that far ahead
     cache.put_pod(pod(0, phase="Failed"))
     assert not cache.is_quiet(KEY, NOW)
 
@@ -183,10 +183,15 @@ def test_a_step_that_time_makes_due_within_the_horizon_keeps_the_job_checked() -
     assert not needs_round(cache, KEY, Options(clock=lambda: NOW))[0]
     start = cache.job(KEY).job.status.start_time  # type: ignore[union-attr]
     assert start is not None
-    soon = start + timedelta(seconds=3600 - 30)  # the deadline passes within the horizon
+    # Due in 100 s: quiet up to the farthest horizon with nothing due (60 s), not beyond.
+    ahead = start + timedelta(seconds=3600 - 100)
+    assert not needs_round(cache, KEY, Options(clock=lambda: ahead))[0]
+    assert cache.is_quiet(KEY, ahead + timedelta(seconds=59))
+    assert not cache.is_quiet(KEY, ahead + timedelta(seconds=61))
+    soon = start + timedelta(seconds=3600 - 10)  # the deadline passes within every horizon
     assert not needs_round(cache, KEY, Options(clock=lambda: soon))[0]
     assert not cache.is_quiet(KEY, soon)
-    assert needs_round(cache, KEY, Options(clock=lambda: soon + timedelta(seconds=31)))[0]
+    assert needs_round(cache, KEY, Options(clock=lambda: soon + timedelta(seconds=11)))[0]
 
 
 def test_a_job_deleted_and_created_again_is_not_quiet_from_its_predecessor() -> None:
