@@ -79,6 +79,10 @@ bench-goodput: venv  ## goodput, steps lost and recovery under repeated SIGTERM/
 bench-operator: venv build-deps  ## the operator at scale: 1000 jobs x 4 workers vs a plain client, churn, idle, peering (tier A+; ~15 min here)
 	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 
+.PHONY: bench-recovery-node
+bench-recovery-node: venv build-deps  ## recovery on the real node: 12 worker pods evicted one at a time, p50/max and where the time goes (root; ~15 min here)
+	$(BIN)/python bench/recovery_node.py $(BENCH_ARGS)
+
 TIER ?= a+
 .PHONY: cluster-up
 cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)

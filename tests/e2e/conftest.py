@@ -82,20 +82,33 @@ def ensure_node_binaries() -> None:
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    require_root()
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        ensure_node_binaries()
-        started = time.monotonic()
-        images = cluster.node_images()
-        print(f"\nimages ready in {time.monotonic() - started:.0f} s: "
-              f"{ {k: v[0] for k, v in images.items()} }", file=sys.stderr)
+        images = prepare_node()
     reuse = os.environ.get("ELASTRAIN_E2E_CLUSTER_DIR")
     if reuse:
         yield _reused(Path(reuse), images)
         return
-    directory = tmp_path_factory.mktemp("node")
     keep = os.environ.get("ELASTRAIN_E2E_KEEP") == "1"
+    with running_node(tmp_path_factory.mktemp("node"), images, keep=keep) as started:
+        yield started
+
+
+def prepare_node() -> dict[str, tuple[str, Path]]:
+    """Root checked, node binaries built and the project's images built (all cached)."""
+    require_root()
+    ensure_node_binaries()
+    started = time.monotonic()
+    images = cluster.node_images()
+    print(f"\nimages ready in {time.monotonic() - started:.0f} s: "
+          f"{ {k: v[0] for k, v in images.items()} }", file=sys.stderr)
+    return images
+
+
+@contextlib.contextmanager
+def running_node(directory: Path, images: dict[str, tuple[str, Path]], *,
+                 keep: bool = False) -> Iterator[NodeCluster]:
+    """The real-node cluster with MinIO and the images, stopped afterwards unless `keep`."""
     try:
         started = time.monotonic()
         state = cluster.up(directory, tier="node", s3=True, die_with_parent=not keep,
@@ -146,8 +159,7 @@ def operator_values(node: NodeCluster) -> list[str]:
             "--set-string", "operator.extraEnv.ELASTRAIN_PROGRESS_INTERVAL_SECONDS=2"]
 
 
-@pytest.fixture(scope="session")
-def operator(node: NodeCluster) -> Iterator[NodeCluster]:
+def install_operator(node: NodeCluster) -> None:
     """The chart installed as a user would: CRDs, then the release; the operator runs as a pod
     with the chart's ServiceAccount, RBAC and restricted security context."""
     k = node.kubectl
@@ -155,8 +167,25 @@ def operator(node: NodeCluster) -> Iterator[NodeCluster]:
     k("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.elastrain.dev")
     helm(node, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
          "--create-namespace", "--wait", "--timeout", "3m", *operator_values(node))
+
+
+@pytest.fixture(scope="session")
+def operator(node: NodeCluster) -> Iterator[NodeCluster]:
+    install_operator(node)
     yield node
     helm(node, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait=false")
+
+
+def create_job_namespace(node: NodeCluster, name: str) -> None:
+    """A namespace with the checkpoint credentials Secret the example job reads."""
+    k = node.kubectl
+    k("create", "namespace", name)
+    wait_for(f"default ServiceAccount in {name}",
+             lambda: k("get", "serviceaccount", "default", "-n", name, check=False)
+             .returncode == 0, timeout=30)
+    k("create", "secret", "generic", CREDENTIALS_SECRET, "-n", name,
+      f"--from-literal=AWS_ACCESS_KEY_ID={node.s3.access_key}",
+      f"--from-literal=AWS_SECRET_ACCESS_KEY={node.s3.secret_key}")
 
 
 @pytest.fixture
@@ -165,13 +194,7 @@ def job_namespace(operator: NodeCluster, request: pytest.FixtureRequest) -> Iter
     k = operator.kubectl
     stem = request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
     name = f"e2e-{stem}-{uuid.uuid4().hex[:4]}"
-    k("create", "namespace", name)
-    wait_for(f"default ServiceAccount in {name}",
-             lambda: k("get", "serviceaccount", "default", "-n", name, check=False)
-             .returncode == 0, timeout=30)
-    k("create", "secret", "generic", CREDENTIALS_SECRET, "-n", name,
-      f"--from-literal=AWS_ACCESS_KEY_ID={operator.s3.access_key}",
-      f"--from-literal=AWS_SECRET_ACCESS_KEY={operator.s3.secret_key}")
+    create_job_namespace(operator, name)
     yield name
     k("delete", "trainingjobs", "--all", "-n", name, "--wait=false", check=False)
     k("delete", "namespace", name, "--wait=false", check=False)

@@ -192,6 +192,61 @@ def evict(kubectl: Kubectl, namespace: str, pod: str) -> float:
     return at
 
 
+@dataclass
+class Training:
+    """One long-running TrainingJob as the preemption scenarios and the real-node recovery
+    benchmark (bench/recovery_node.py) drive it: its status, its live worker pods, and when it
+    is back at full size and training."""
+
+    k: Kubectl
+    ns: str
+    job: str
+    logs: LogCollector
+
+    @staticmethod
+    def worker_selector(job: str) -> str:
+        return f"elastrain.dev/job-name={job},elastrain.dev/role=worker"
+
+    def status(self) -> dict[str, Any]:
+        return job_status(self.k, self.ns, self.job)
+
+    def workers(self) -> list[dict[str, Any]]:
+        pods = self.k.json("get", "pods", "-n", self.ns, "-l",
+                           self.worker_selector(self.job))["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def worker(self, index: int) -> str:
+        for pod in self.workers():
+            if pod["metadata"]["labels"]["elastrain.dev/worker-index"] == str(index):
+                return str(pod["metadata"]["name"])
+        pytest.fail(f"no live pod for worker {index}")
+
+    def at_full_size(self, replicas: int = 3) -> bool:
+        status = self.status()
+        return bool(status.get("readyReplicas") == replicas and status.get("phase") == "Running"
+                    and not status.get("recoveringSince"))
+
+    def settle(self, replicas: int = 3) -> None:
+        """Full size, Ready, and training: a step trained after every current pod started."""
+        wait_for(f"{replicas} ready workers", lambda: self.at_full_size(replicas), timeout=240)
+        mark = time.time()
+        wait_for("a training step at full size",
+                 lambda: any(float(r["time"]) > mark and r.get("world_size") == replicas
+                             for r in self.logs.events("step")), timeout=180)
+
+    def evict(self, pod: str) -> float:
+        return evict(self.k, self.ns, pod)
+
+    def resumed_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
+        return wait_for("a training step after the resume",
+                        lambda: first_step_after(self.logs, since), timeout=timeout)
+
+    def counters(self) -> tuple[int, int]:
+        """(preemptions, restarts) from the job's status."""
+        s = self.status()
+        return int(s.get("preemptions", 0)), int(s.get("restarts", 0))
+
+
 # ----------------------------------------------------------------------------------- counters
 
 

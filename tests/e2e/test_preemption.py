@@ -16,21 +16,17 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import OPERATOR_NAMESPACE, NodeCluster
+from tests.e2e.conftest import OPERATOR_NAMESPACE, NodeCluster, create_job_namespace
 from tests.e2e.support import (
     ARTIFACTS,
-    Kubectl,
     LogCollector,
+    Training,
     event_reasons,
-    evict,
-    first_step_after,
-    job_status,
     make_job,
     record_recovery,
     scrape,
@@ -40,55 +36,11 @@ from tests.e2e.support import (
 
 JOB = "chaos"
 INTERVAL_STEPS = 20
-WORKERS = "elastrain.dev/job-name=chaos,elastrain.dev/role=worker"
+WORKERS = Training.worker_selector(JOB)
 
 
-@dataclass
-class Training:
-    node: NodeCluster
-    ns: str
-    logs: LogCollector
-
-    @property
-    def k(self) -> Kubectl:
-        return self.node.kubectl
-
-    def status(self) -> dict[str, Any]:
-        return job_status(self.k, self.ns, JOB)
-
-    def workers(self) -> list[dict[str, Any]]:
-        pods = self.k.json("get", "pods", "-n", self.ns, "-l", WORKERS)["items"]
-        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-    def worker(self, index: int) -> str:
-        for pod in self.workers():
-            if pod["metadata"]["labels"]["elastrain.dev/worker-index"] == str(index):
-                return str(pod["metadata"]["name"])
-        pytest.fail(f"no live pod for worker {index}")
-
-    def at_full_size(self, replicas: int = 3) -> bool:
-        status = self.status()
-        return bool(status.get("readyReplicas") == replicas and status.get("phase") == "Running"
-                    and not status.get("recoveringSince"))
-
-    def settle(self, replicas: int = 3) -> None:
-        """Full size, Ready, and training: a step trained after every current pod started."""
-        wait_for(f"{replicas} ready workers", lambda: self.at_full_size(replicas), timeout=240)
-        mark = time.time()
-        wait_for("a training step at full size",
-                 lambda: any(float(r["time"]) > mark and r.get("world_size") == replicas
-                             for r in self.logs.events("step")), timeout=180)
-
-    def evict(self, pod: str) -> float:
-        return evict(self.k, self.ns, pod)
-
-    def resumed_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
-        return wait_for("a training step after the resume",
-                        lambda: first_step_after(self.logs, since), timeout=timeout)
-
-    def counters(self) -> tuple[int, int]:
-        s = self.status()
-        return int(s.get("preemptions", 0)), int(s.get("restarts", 0))
+class ChaosJob(Training):
+    """The module's job, and the operator's own counters of it."""
 
     def operator_metrics(self) -> tuple[float, float, float]:
         """(preemptions_total, restarts_total, training recoveries observed) from the operator
@@ -103,27 +55,22 @@ class Training:
 
 
 @pytest.fixture(scope="module")
-def training(operator: NodeCluster) -> Iterator[Training]:
+def training(operator: NodeCluster) -> Iterator[ChaosJob]:
     k = operator.kubectl
     ns = f"e2e-chaos-{uuid.uuid4().hex[:4]}"
-    k("create", "namespace", ns)
-    wait_for("default ServiceAccount", lambda: k("get", "sa", "default", "-n", ns,
-                                                 check=False).returncode == 0)
-    k("create", "secret", "generic", "checkpoint-s3", "-n", ns,
-      f"--from-literal=AWS_ACCESS_KEY_ID={operator.s3.access_key}",
-      f"--from-literal=AWS_SECRET_ACCESS_KEY={operator.s3.secret_key}")
+    create_job_namespace(operator, ns)
     k.apply(make_job(JOB, ns, image=operator.images["trainer"], steps=100_000,
                      s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
                      interval_steps=INTERVAL_STEPS))
     with LogCollector(k, ns, WORKERS, ARTIFACTS / "chaos") as logs:
-        t = Training(operator, ns, logs)
+        t = ChaosJob(k, ns, JOB, logs)
         t.settle()
         yield t
     k("delete", "trainingjob", JOB, "-n", ns, "--wait=false", check=False)
     k("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def _preempt_and_check(t: Training, index: int, scenario: str) -> None:
+def _preempt_and_check(t: ChaosJob, index: int, scenario: str) -> None:
     t.settle()
     before = t.counters()
     metrics_before = t.operator_metrics()
@@ -144,15 +91,15 @@ def _preempt_and_check(t: Training, index: int, scenario: str) -> None:
     assert t.status()["lastRecovery"]["pod"] == pod
 
 
-def test_1_evicted_worker_resumes_from_its_sigterm_checkpoint(training: Training) -> None:
+def test_1_evicted_worker_resumes_from_its_sigterm_checkpoint(training: ChaosJob) -> None:
     _preempt_and_check(training, 1, "1-evict-worker-1")
 
 
-def test_2_evicting_worker_0_loses_no_rendezvous(training: Training) -> None:
+def test_2_evicting_worker_0_loses_no_rendezvous(training: ChaosJob) -> None:
     _preempt_and_check(training, 0, "2-evict-worker-0")
 
 
-def _container_pid(t: Training, pod: str) -> int:
+def _container_pid(t: ChaosJob, pod: str) -> int:
     status = t.k.json("get", "pod", pod, "-n", t.ns)["status"]
     container_id = status["containerStatuses"][0]["containerID"].split("://", 1)[1]
     pid_file = Path("/run/elastrain-node/containerd/io.containerd.runtime.v2.task/k8s.io",
@@ -160,7 +107,7 @@ def _container_pid(t: Training, pod: str) -> int:
     return int(pid_file.read_text())
 
 
-def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: Training) -> None:
+def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: ChaosJob) -> None:
     t = training
     t.settle()
     before = t.counters()
@@ -180,7 +127,7 @@ def test_3_sigkilled_worker_recovers_within_the_checkpoint_interval(training: Tr
     assert t.operator_metrics()[:2] == (metrics_before[0], metrics_before[1] + 1)
 
 
-def _store(t: Training) -> dict[str, Any] | None:
+def _store(t: ChaosJob) -> dict[str, Any] | None:
     done = t.k("get", "pod", f"{JOB}-rdzv", "-n", t.ns, "-o", "json", check=False)
     return json.loads(done.stdout) if done.returncode == 0 else None
 
@@ -190,7 +137,7 @@ def _ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def test_5_lost_rendezvous_store_is_recreated_without_a_failure(training: Training) -> None:
+def test_5_lost_rendezvous_store_is_recreated_without_a_failure(training: ChaosJob) -> None:
     """Every torchrun agent exits when the store goes (c10d rendezvous state lives only there);
     the operator recreates the store, counts each such worker as preempted (never a failure),
     replaces it, and training resumes from the checkpoint the agents' SIGTERM made."""
@@ -215,7 +162,7 @@ def test_5_lost_rendezvous_store_is_recreated_without_a_failure(training: Traini
     assert steps_lost_at(t.logs, at) == 0
 
 
-def test_6_scale_down_and_up_keeps_training(training: Training) -> None:
+def test_6_scale_down_and_up_keeps_training(training: ChaosJob) -> None:
     t = training
     t.settle()
     before = t.counters()
@@ -228,7 +175,7 @@ def test_6_scale_down_and_up_keeps_training(training: Training) -> None:
     assert worlds[-2:] == [2, 3]
 
 
-def test_7_drain_waits_then_resumes_with_no_steps_lost(training: Training) -> None:
+def test_7_drain_waits_then_resumes_with_no_steps_lost(training: ChaosJob) -> None:
     t = training
     t.settle()
     before = t.counters()
@@ -250,12 +197,12 @@ def test_7_drain_waits_then_resumes_with_no_steps_lost(training: Training) -> No
     assert first["step"] - 1 <= stalled
 
 
-def _operator_pods(t: Training) -> list[dict[str, Any]]:
+def _operator_pods(t: ChaosJob) -> list[dict[str, Any]]:
     return list(t.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
                          "app.kubernetes.io/name=elastrain")["items"])
 
 
-def test_8_operator_killed_during_a_recovery(training: Training) -> None:
+def test_8_operator_killed_during_a_recovery(training: ChaosJob) -> None:
     t = training
     t.settle()
     before = t.counters()
