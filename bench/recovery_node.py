@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.goodput import percentile, recovery_phases  # noqa: E402
+from bench.goodput import recovery_phases  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     create_job_namespace,
     install_operator,
@@ -89,7 +89,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         [float(r["recovery_s"]) for r in rows if r["worker_index"] == i]), 2)
         for i in sorted({int(r["worker_index"]) for r in rows})}
     return {"events": len(rows),
-            "recovery_p50_s": round(percentile(rec, 0.5) or 0.0, 2),
+            "recovery_p50_s": round(statistics.median(rec), 2),
             "recovery_max_s": round(max(rec), 2),
             "recovery_p50_by_worker_index_s": by_index,
             "phases_p50_s": {name: phase(name) for name in

@@ -46,7 +46,7 @@ from elastrain_operator.policy.status import EventSpec, make_condition, set_cond
 from elastrain_operator.probe import poll_progress
 
 log = logging.getLogger(__name__)
-ROUNDS = 4  # fresh reads after a lost status race before giving up until the next trigger
+ROUNDS = 4  # the watch's copy, then a fresh read per lost status race; then wait for a trigger
 # How far ahead a check that found nothing looks, farthest first: a job quiet for 5 minutes
 # is planned again (by its ticker) once per 5 minutes, not every tick.
 QUIET_HORIZONS_SECONDS = (300.0, 60.0, 15.0)
