@@ -54,7 +54,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from elastrain_trainer import fault_injection, metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
-from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location
+from elastrain_trainer.checkpoint.manager import LoadResult
+from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location, give_up
+from elastrain_trainer.checkpoint.read_faults import CheckpointUnavailableError
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
@@ -231,6 +233,12 @@ class Session:
         return self.config.steps
 
     @property
+    def run_id(self) -> str:
+        """This run's name in its commit markers: ELASTRAIN_RUN_ID, else torchrun's run id (the
+        operator sets it to the job's uid, the same for every pod and restart of the job)."""
+        return self.config.run_id or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+    @property
     def resumed_from(self) -> int | None:
         """The step this run resumed from; None when it started fresh."""
         return self._resumed
@@ -249,7 +257,8 @@ class Session:
         self.manager = CheckpointManager(
             open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint), keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
-            endpoint=cfg.checkpoint_endpoint)
+            endpoint=cfg.checkpoint_endpoint, run=self.run_id,
+            wait_seconds=cfg.checkpoint_wait_seconds)
         self._resumed = self._resume()
         self._started, self._train_s = time.monotonic(), 0.0
         self._entered = True
@@ -361,18 +370,53 @@ class Session:
                            sidecar)
 
     def _resume(self) -> int | None:
-        loaded = self.manager.load(dict(self.state), self.config.resume_from)
+        """Load the newest committed checkpoint, or start from step 0 when there is none (or
+        checkpoint.resume is never). Never starts over because the store failed: that stops
+        the worker with the reason (read_faults), and the next start tries again."""
+        never = self.config.checkpoint_resume == "never"
+        loaded: LoadResult | None = None
+        failure: CheckpointUnavailableError | None = None
+        try:
+            loaded = self.manager.load(dict(self.state), self.config.resume_from,
+                                       run=self.run_id if never else None)
+        except CheckpointUnavailableError as e:
+            failure = e
+        if failure is not None:  # raised outside the `except`: no chained store error
+            give_up(failure, self.denv.local_rank, self._groups.control,
+                    serving=self._server is not None)
+        lost = self._report_fallback(loaded)
+        skipped = max((s.step for s in self.manager.skipped), default=None)
         if loaded is None:
             if self.denv.is_coordinator:
                 emit("fresh_start", world_size=self.denv.world_size,
-                     uri=self.manager.storage.uri)
+                     uri=self.manager.storage.uri, resume=self.config.checkpoint_resume,
+                     skipped_step=skipped, steps_lost=lost)
             return None
         metrics.record_resumed(self.step)
         if self.denv.is_coordinator:
             emit("resumed", step=self.step, uri=loaded.uri, world_size=self.denv.world_size,
                  saved_world_size=loaded.sidecar.get("world_size"),
-                 restart_count=self.denv.restart_count)
+                 restart_count=self.denv.restart_count, skipped_step=skipped, steps_lost=lost)
         return self.step
+
+    def _report_fallback(self, loaded: LoadResult | None) -> int:
+        """Damaged checkpoints skipped on the way: told in /progress (the operator's condition
+        and Warning event) and the log; returns the steps lost to them."""
+        if not self.manager.skipped:
+            return 0
+        newest = max(self.manager.skipped, key=lambda s: s.step)
+        lost = max(0, newest.step - (loaded.step if loaded is not None else 0))
+        metrics.record_checkpoint_fallback(
+            skipped_step=newest.step, skipped_uri=newest.uri, reason=newest.reason,
+            loaded_step=None if loaded is None else loaded.step,
+            loaded_uri=None if loaded is None else loaded.uri, steps_lost=lost,
+            quarantined=newest.quarantined)
+        if self.denv.is_coordinator:
+            emit("checkpoint_fallback", skipped_step=newest.step, skipped_uri=newest.uri,
+                 reason=newest.reason, quarantined=newest.quarantined,
+                 loaded_step=None if loaded is None else loaded.step, steps_lost=lost,
+                 skipped=len(self.manager.skipped))
+        return lost
 
     def _serve_metrics(self) -> Any:
         if self.config.metrics_port == 0 or self.denv.local_rank != 0:

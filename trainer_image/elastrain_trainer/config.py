@@ -24,6 +24,8 @@ ENV_PREFIX = "ELASTRAIN_"
 # Checkpoint URI schemes with a storage backend (checkpoint.open_storage); gs:// needs gcsfs and
 # az:// or abfs:// adlfs in the image, which the start-up check names when it is missing.
 CHECKPOINT_SCHEMES = ("file", "s3", "gs", "az", "abfs")
+# latest: the newest committed checkpoint; never: start over, resuming only this run's own.
+RESUME_MODES = ("latest", "never")
 
 
 def env_name(field_name: str) -> str:
@@ -71,6 +73,11 @@ class TrainerConfig:
     # How long the start-up check waits for an unreachable checkpoint store before it gives up
     # (checkpoint/precheck.py); a store that refuses (bad credentials, no bucket) fails at once.
     checkpoint_wait_seconds: int = 600
+    # "never": start from step 0 whatever the location holds, and after a restart resume only
+    # the checkpoints this run wrote (the run is run_id, else torchrun's TORCHELASTIC_RUN_ID,
+    # which the operator sets to the job's uid). Older checkpoints stay until retention.
+    checkpoint_resume: str = "latest"
+    run_id: str = ""
     metrics_port: int = 9400
     # Not part of the operator contract: pacing for demos and tests (seconds slept per step).
     step_sleep_seconds: float = 0.0
@@ -81,6 +88,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if not self.checkpoint_uri:
             object.__setattr__(self, "checkpoint_uri", f"file://./checkpoints/{self.job_name}")
+        object.__setattr__(self, "checkpoint_resume", self.checkpoint_resume.lower())
+        _check_choice("checkpoint_resume", self.checkpoint_resume, RESUME_MODES)
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("model", self.model, MODELS)
         _check("dataset", self.dataset in DATASETS or is_token_file_uri(self.dataset),

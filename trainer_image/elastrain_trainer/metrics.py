@@ -51,6 +51,12 @@ CHECKPOINT_FAILURES = Counter(_P + "checkpoint_failures",
 CONSECUTIVE_FAILURES = Gauge(_P + "checkpoint_consecutive_failures",
                              "Checkpoint saves (or start-up checks) that failed since the last "
                              "one that succeeded", registry=REGISTRY)
+FALLBACKS = Counter(_P + "checkpoint_fallbacks",
+                    "Resumes that skipped a committed checkpoint proven damaged",
+                    registry=REGISTRY)
+STEPS_LOST = Counter(_P + "steps_lost",
+                     "Steps between a skipped damaged checkpoint and the one resumed from",
+                     registry=REGISTRY)
 PEAK_MEMORY = Gauge(_P + "peak_memory_bytes",
                     "This process's peak memory so far: max allocated on its CUDA device, or its "
                     "peak resident set (VmHWM) on a CPU run", registry=REGISTRY)
@@ -76,6 +82,9 @@ class _Progress:
     memory_peak_bytes: int | None = None
     memory_measure: str | None = None  # "cuda_allocated" or "host_rss"
     memory_estimate_bytes: int | None = None  # what estimate.estimate() predicted for this rank
+    # This start's resume skipped a damaged checkpoint (None: it did not); the operator's
+    # CheckpointFallback condition and Warning event.
+    checkpoint_fallback: dict[str, Any] | None = None
 
 
 _progress = _Progress()
@@ -89,6 +98,7 @@ def record_start(total_steps: int, world_size: int, restarts: int) -> None:
     with _lock:
         _progress.total_steps, _progress.world_size = total_steps, world_size
         _progress.resumed_from_step = _progress.training_since = None
+        _progress.checkpoint_fallback = None
         _progress.started_at = _rfc3339(datetime.now(UTC))
     WORLD_SIZE.set(world_size)
     if restarts:
@@ -124,6 +134,19 @@ def record_peak_memory(peak_bytes: int, measure: str) -> None:
 def record_resumed(step: int) -> None:
     with _lock:
         _progress.step = _progress.resumed_from_step = step
+
+
+def record_checkpoint_fallback(*, skipped_step: int, skipped_uri: str, reason: str,
+                               loaded_step: int | None, loaded_uri: str | None, steps_lost: int,
+                               quarantined: bool) -> None:
+    """The resume skipped a committed checkpoint proven damaged (the newest such)."""
+    STEPS_LOST.inc(steps_lost)
+    FALLBACKS.inc()
+    with _lock:
+        _progress.checkpoint_fallback = {
+            "skippedStep": skipped_step, "skippedUri": skipped_uri, "reason": reason[:600],
+            "loadedStep": loaded_step, "loadedUri": loaded_uri, "stepsLost": steps_lost,
+            "quarantined": quarantined, "time": _rfc3339(datetime.now(UTC))}
 
 
 def record_goodput(ratio: float) -> None:
@@ -209,6 +232,7 @@ def _document() -> dict[str, Any]:
             "startedAt": _progress.started_at,
             "lastStepTime": _progress.last_step_time,
             "checkpointHealth": health,
+            "checkpointFallback": _progress.checkpoint_fallback,
             "memory": _memory()}
 
 

@@ -41,13 +41,18 @@ def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
             if not worlds or worlds[-1] != r["world_size"]:
                 worlds.append(int(r["world_size"]))
         elif r["event"] == "resumed":
-            lost.append(max(0, max_step - int(r["step"])))
+            # A fallback past a damaged checkpoint loses the steps back from the skipped one.
+            skipped = int(r.get("skipped_step") or 0)
+            lost.append(max(0, max(max_step, skipped) - int(r["step"])))
+        elif r["event"] == "fresh_start" and r.get("steps_lost"):
+            lost.append(int(r["steps_lost"]))
     saved = {r["step"] for r in ordered if r["event"] == "checkpoint_saved"}
     peaks = [int(r["peak_memory"]) for r in ordered
              if r["event"] == "step" and r.get("peak_memory") is not None]
     return RunSummary(
         finished=any(r["event"] == "finished" for r in ordered), final_step=max_step,
-        final_loss=final_loss, resumes=len(lost), steps_lost=sum(lost), lost_per_resume=lost,
+        final_loss=final_loss, resumes=sum(r["event"] == "resumed" for r in ordered),
+        steps_lost=sum(lost), lost_per_resume=lost,
         world_sizes=worlds, checkpoints_saved=len(saved),
         checkpoints_failed=sum(r["event"] == "checkpoint_failed" for r in ordered),
         wall_s=round(wall_s, 2), peak_memory_bytes=max(peaks, default=None))

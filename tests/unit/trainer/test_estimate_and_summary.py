@@ -127,7 +127,7 @@ def test_progress_document_has_the_operator_fields() -> None:
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
                                       "time": "2024-01-01T00:00:00Z"},
-                   "resumedFromStep": None}
+                   "resumedFromStep": None, "checkpointFallback": None}
     assert training_since.endswith("Z")
     # 2024-01-01T00:00:00Z: the dashboard's checkpoint age is time() minus this gauge.
     assert metrics.LAST_CHECKPOINT_TIME._value.get() == 1704067200.0
@@ -185,6 +185,35 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
                             "resumedFromStep", "trainingSince", "startedAt", "lastStepTime",
-                            "checkpointHealth", "memory"}
+                            "checkpointHealth", "checkpointFallback", "memory"}
     finally:
         server.shutdown()
+
+
+def test_a_fallback_is_in_progress_until_the_next_start() -> None:
+    metrics.record_start(total_steps=50, world_size=2, restarts=0)
+    metrics.record_checkpoint_fallback(
+        skipped_step=12, skipped_uri="s3://b/p/step-00000012", reason="x" * 700, loaded_step=8,
+        loaded_uri="s3://b/p/step-00000008", steps_lost=4, quarantined=True)
+    doc = metrics.progress_document()["checkpointFallback"]
+    assert doc.pop("time")
+    assert doc == {"skippedStep": 12, "skippedUri": "s3://b/p/step-00000012",
+                   "reason": "x" * 600, "loadedStep": 8, "loadedUri": "s3://b/p/step-00000008",
+                   "stepsLost": 4, "quarantined": True}
+    metrics.record_start(total_steps=50, world_size=2, restarts=1)
+    assert metrics.progress_document()["checkpointFallback"] is None
+
+
+def test_summary_counts_the_steps_a_fallback_lost() -> None:
+    def rec(event: str, t: float, **fields: object) -> dict[str, object]:
+        return {"event": event, "time": t, **fields}
+
+    steps = [rec("step", i, step=i, loss=1.0, world_size=2) for i in range(1, 5)]
+    # A new run: checkpoint 12 was damaged, it resumed from 8 (no step records above 8 here).
+    resumed = [rec("resumed", 10, step=8, skipped_step=12, steps_lost=4),
+               *(rec("step", 10 + i, step=8 + i, loss=1.0, world_size=2) for i in range(1, 3))]
+    assert summarize(resumed).steps_lost == 4
+    # Nothing usable: started from 0, the 12 steps behind the damaged checkpoint are lost.
+    assert summarize([rec("fresh_start", 0, skipped_step=12, steps_lost=12),
+                      *steps]).steps_lost == 12
+    assert summarize([rec("fresh_start", 0, skipped_step=12, steps_lost=12)]).resumes == 0

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from elastrain_trainer.checkpoint import manifest as mf
@@ -7,29 +9,6 @@ from elastrain_trainer.checkpoint import manifest as mf
 
 def keys(*names: str) -> list[str]:
     return list(names)
-
-
-def test_classify_needs_the_commit_marker() -> None:
-    listing = mf.classify_keys(keys(
-        "latest", "step-00000002/__0_0.distcp", "step-00000002/COMMITTED",
-        "step-00000004/__0_0.distcp", "step-00000003/COMMITTED", "junk/COMMITTED"))
-    assert listing == mf.Listing(committed=(2, 3), uncommitted=(4,))
-    assert mf.resume_candidates(listing) == [3, 2]
-
-
-def test_retention_keeps_newest_n_and_drops_abandoned_partials() -> None:
-    listing = mf.Listing(committed=(1, 2, 3, 5), uncommitted=(4, 6))
-    assert mf.plan_retention(listing, keep=2) == [1, 2, 4]
-
-
-def test_retention_never_deletes_the_newest_or_the_one_being_written() -> None:
-    assert mf.plan_retention(mf.Listing((7,), ()), keep=0) == []
-    assert mf.plan_retention(mf.Listing((3, 7), (5,)), keep=1, writing=5) == [3]
-
-
-def test_markers_are_deleted_first() -> None:
-    order = mf.deletion_order(["s/a", "s/COMMITTED", "s/b"])
-    assert order[0] == "s/COMMITTED"
 
 
 def test_commit_marker_vouches_for_exact_manifest_bytes() -> None:
@@ -54,3 +33,27 @@ def test_file_verification_catches_flipped_bytes_and_unknown_files() -> None:
 def test_step_dir_names_round_trip() -> None:
     assert mf.parse_step_dir(mf.step_dir(42)) == 42
     assert mf.parse_step_dir("step-12") is None
+    assert mf.parse_dir(mf.step_dir(42, 3)) == (42, 3)
+    assert mf.step_dir(42, 3) == "step-00000042.3"
+    for name in ("step-00000042.1", "step-00000042.0", "step-00000042.03", "step-00000042."):
+        assert mf.parse_dir(name) is None, name
+
+
+def test_markers_carry_commit_order_and_run_and_old_markers_still_parse() -> None:
+    manifest = mf.build_manifest(5, 2, {})
+    marker = mf.parse_commit_marker(mf.build_commit_marker(5, manifest, seq=7, run="uid-1"))
+    assert (marker.step, marker.seq, marker.run) == (5, 7, "uid-1")
+    # Written before commit order existed: no seq, no run.
+    old = json.dumps({"step": 5, "manifest_sha256": mf.digest(manifest).sha256}).encode()
+    assert mf.parse_commit_marker(old) == mf.Marker(5, mf.digest(manifest).sha256, 0, "")
+    mf.verify_commit(old, manifest)
+    for garbage in (b"", b"{", b"[]", b'{"step": "x"}', b'{"manifest_sha256": "a"}'):
+        with pytest.raises(mf.CorruptCheckpointError, match="not a commit marker"):
+            mf.parse_commit_marker(garbage)
+
+
+def test_a_manifest_that_is_not_one_is_damage() -> None:
+    garbage = b'{"files": 3}'
+    marker = mf.build_commit_marker(1, garbage)
+    with pytest.raises(mf.CorruptCheckpointError, match="not a manifest"):
+        mf.parse_checked_manifest(marker, garbage)

@@ -7,7 +7,8 @@ ranges in parallel into one preallocated buffer and hashes them as they arrive. 
 backends get each shard in memory and store it with one write. Either way every file's
 digest is known the moment it is written, and reads verify every file against the manifest
 before DCP sees a byte, so a corrupt shard raises CorruptCheckpointError (on every rank,
-via DCP).
+via DCP). A read that fails for any other reason (the store reset, throttled, timed out) raises
+StoreFault instead, which proves nothing about the checkpoint (checkpoint.read_faults).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import os
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from typing import IO, Any, cast
+from typing import IO, Any, TypeVar, cast
 
 import torch
 import torch.serialization
@@ -46,9 +47,16 @@ from elastrain_trainer.checkpoint.manifest import (
     digest,
     verify_file,
 )
-from elastrain_trainer.checkpoint.storage import CheckpointStorage, StreamingStorage, join
+from elastrain_trainer.checkpoint.read_faults import store_fault
+from elastrain_trainer.checkpoint.storage import (
+    CheckpointStorage,
+    ObjectSizeError,
+    StreamingStorage,
+    join,
+)
 
 CommitFn = Callable[[dict[str, FileDigest], int], None]
+T = TypeVar("T")
 
 
 class _UploadOnClose(io.BytesIO):
@@ -123,7 +131,7 @@ def _tensor_in_place(saved: memoryview) -> torch.Tensor:
     tensor = torch.serialization._load(  # type: ignore[no-untyped-call]
         reader, "cpu", torch._weights_only_unpickler, overall_storage=memory, weights_only=True)
     if not isinstance(tensor, torch.Tensor):
-        raise CorruptCheckpointError(f"a tensor record holds a {type(tensor).__name__}")
+        raise ValueError(f"a tensor record holds a {type(tensor).__name__}")
     return tensor
 
 
@@ -168,7 +176,7 @@ class StorageFileSystem(FileSystemBase):
         name = key.rsplit("/", 1)[-1]
         expected = self.verify.get(name) if self.verify is not None else None
         if expected is None or not isinstance(self.storage, StreamingStorage):
-            data = self.storage.read(key)
+            data = self._reading(key, lambda: self.storage.read(key))
             if self.verify is not None:
                 verify_file(name, data, self.verify)
             yield io.BytesIO(data)
@@ -177,11 +185,29 @@ class StorageFileSystem(FileSystemBase):
         memory = torch.empty(expected.size, dtype=torch.uint8)
         view = memoryview(memory.numpy()).cast("B")  # type: ignore[arg-type]
         hasher = hashlib.sha256()
-        self.storage.read_into(key, view, hasher.update)
+        storage = self.storage
+        self._reading(key, lambda: storage.read_into(key, view, hasher.update))
         if hasher.hexdigest() != expected.sha256:
             raise CorruptCheckpointError(
                 f"{name}: sha256 {hasher.hexdigest()[:12]} != manifest {expected.sha256[:12]}")
         yield _ViewReader(view)
+
+    def _reading(self, key: str, read: Callable[[], T]) -> T:
+        """A storage read whose failure says what it proves: a missing object or one of another
+        size is damage (CorruptCheckpointError); anything else is the store's (StoreFault)."""
+        try:
+            return read()
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{key.rsplit('/', 1)[-1]} is missing") from None
+        except ObjectSizeError as e:
+            raise CorruptCheckpointError(str(e)) from None
+        except CorruptCheckpointError:
+            raise
+        except Exception as e:
+            if self.verify is None:
+                raise  # writing: the save's own error handling reports it
+            # Our own plain exception, not the library's: DCP pickles it to every rank.
+            raise store_fault(self.storage, e, action="read", key=key) from None
 
     def _put(self, key: str, data: memoryview) -> None:
         self.storage.write(key, data)
@@ -287,8 +313,8 @@ class CheckpointReader(FileSystemReader):
     def _read_item(self, shard: memoryview, item: ReadItem, planner: LoadPlanner) -> None:
         info = self.storage_data[item.storage_index]
         if info.transform_descriptors:
-            raise CorruptCheckpointError(f"{info.relative_path}: stream transforms "
-                                         f"{info.transform_descriptors} are not ours")
+            raise ValueError(f"{info.relative_path}: stream transforms "
+                             f"{info.transform_descriptors} are not ours")
         saved = shard[info.offset:info.offset + info.length]
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(saved.tobytes()))
@@ -297,8 +323,9 @@ class CheckpointReader(FileSystemReader):
                                         item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
-            raise CorruptCheckpointError(f"{item.storage_index}: saved size {tensor.size()} "
-                                         f"!= {target.size()}")
+            # The bytes verified: the checkpoint is sound, this model is not the one saved.
+            raise ValueError(f"{item.storage_index}: saved size {tensor.size()} != "
+                             f"{target.size()} in this model")
         target.copy_(tensor)
         planner.commit_tensor(item, target)
 

@@ -1,13 +1,17 @@
-"""The on-storage layout of checkpoints and the pure rules of commit, resume and retention.
+"""The on-storage layout of one checkpoint: file digests, the manifest and the commit marker.
 
 Layout under the root:
     step-00000120/__0_0.distcp ...   shards, written first (DCP)
     step-00000120/.metadata          DCP metadata, written once every shard is written
     step-00000120/manifest.json      size + sha256 of every file above
     step-00000120/sidecar.json       step, epoch, loss, world size, host, hardware, versions
-    step-00000120/COMMITTED          written last; names the manifest's sha256
-    latest                           "step-00000120", only ever rewritten after a commit
-A directory without COMMITTED is in progress or abandoned and is never loaded.
+    step-00000120/COMMITTED          written last; names the manifest's sha256, the commit's
+                                     sequence number and the run that wrote it
+    step-00000120/QUARANTINED        only on a committed checkpoint proven damaged: why, when
+    step-00000120.2/...              a later save of the same step (catalog.choose_dir)
+    latest                           the newest commit's directory, rewritten after each commit
+A directory without COMMITTED is in progress or abandoned and is never loaded. Which
+directories exist, their commit order, resume and retention are catalog.py's rules.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 SIDECAR = "sidecar.json"
 LATEST = "latest"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+QUARANTINED = "QUARANTINED"
+# step-00000120, or step-00000120.2 for the second directory of that step.
+_STEP_DIR = re.compile(r"^step-(\d{8,})(?:\.([2-9]|[1-9]\d+))?$")
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -40,13 +46,20 @@ def digest(data: bytes | bytearray | memoryview) -> FileDigest:
     return FileDigest(size=view.nbytes, sha256=hashlib.sha256(view).hexdigest())
 
 
-def step_dir(step: int) -> str:
-    return f"step-{step:08d}"
+def step_dir(step: int, attempt: int = 1) -> str:
+    """The directory of a save of `step`; attempt 2, 3... when earlier ones exist."""
+    return f"step-{step:08d}" if attempt <= 1 else f"step-{step:08d}.{attempt}"
+
+
+def parse_dir(name: str) -> tuple[int, int] | None:
+    """(step, attempt) of a checkpoint directory name; None for anything else."""
+    m = _STEP_DIR.match(name)
+    return (int(m.group(1)), int(m.group(2) or 1)) if m else None
 
 
 def parse_step_dir(name: str) -> int | None:
-    m = _STEP_DIR.match(name)
-    return int(m.group(1)) if m else None
+    parsed = parse_dir(name)
+    return parsed[0] if parsed else None
 
 
 def build_manifest(step: int, world_size: int, files: dict[str, FileDigest]) -> bytes:
@@ -61,15 +74,49 @@ def parse_manifest(data: bytes) -> dict[str, FileDigest]:
     return {name: FileDigest(int(f["size"]), str(f["sha256"])) for name, f in doc["files"].items()}
 
 
-def build_commit_marker(step: int, manifest: bytes) -> bytes:
-    return json.dumps({"step": step, "manifest_sha256": digest(manifest).sha256}).encode()
+@dataclass(frozen=True)
+class Marker:
+    """What a COMMITTED marker says. `seq` orders commits (0: written before commits carried a
+    sequence number; those order by step); `run` is the run that wrote it ("" if unknown)."""
+
+    step: int
+    manifest_sha256: str
+    seq: int = 0
+    run: str = ""
+
+
+def build_commit_marker(step: int, manifest: bytes, seq: int = 0, run: str = "") -> bytes:
+    return json.dumps({"step": step, "manifest_sha256": digest(manifest).sha256, "seq": seq,
+                       "run": run}).encode()
+
+
+def parse_commit_marker(data: bytes) -> Marker:
+    """CorruptCheckpointError for anything but a marker this module wrote (any version)."""
+    try:
+        doc = json.loads(data)
+        return Marker(int(doc["step"]), str(doc["manifest_sha256"]), int(doc.get("seq", 0)),
+                      str(doc.get("run", "")))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CorruptCheckpointError(f"{COMMIT_MARKER} is not a commit marker ({e})") from None
 
 
 def verify_commit(marker: bytes, manifest: bytes) -> None:
     """Raise CorruptCheckpointError unless the marker vouches for exactly these manifest bytes."""
-    expected = json.loads(marker).get("manifest_sha256")
-    if expected != digest(manifest).sha256:
+    if parse_commit_marker(marker).manifest_sha256 != digest(manifest).sha256:
         raise CorruptCheckpointError("manifest does not match its commit marker")
+
+
+def parse_checked_manifest(marker: bytes, manifest: bytes) -> dict[str, FileDigest]:
+    """The manifest's files, once the marker vouches for it; CorruptCheckpointError otherwise."""
+    verify_commit(marker, manifest)
+    try:
+        return parse_manifest(manifest)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CorruptCheckpointError(f"{MANIFEST} is not a manifest ({e})") from None
+
+
+def build_quarantine_marker(step: int, reason: str, time_rfc3339: str) -> bytes:
+    return json.dumps({"step": step, "reason": reason, "time": time_rfc3339}).encode()
 
 
 def verify_file(name: str, data: bytes | bytearray | memoryview,
@@ -82,52 +129,6 @@ def verify_file(name: str, data: bytes | bytearray | memoryview,
         raise CorruptCheckpointError(
             f"{name}: sha256 {actual.sha256[:12]} size {actual.size} != manifest "
             f"{expected.sha256[:12]} size {expected.size}")
-
-
-@dataclass(frozen=True)
-class Listing:
-    """Checkpoint steps found under a root, split by whether they carry a commit marker."""
-
-    committed: tuple[int, ...]
-    uncommitted: tuple[int, ...]
-
-
-def classify_keys(keys: list[str]) -> Listing:
-    """Group storage keys into committed and uncommitted checkpoint steps (ascending)."""
-    seen: set[int] = set()
-    committed: set[int] = set()
-    for key in keys:
-        head, _, rest = key.partition("/")
-        step = parse_step_dir(head)
-        if step is None or not rest:
-            continue
-        seen.add(step)
-        if rest == COMMIT_MARKER:
-            committed.add(step)
-    return Listing(tuple(sorted(committed)), tuple(sorted(seen - committed)))
-
-
-def resume_candidates(listing: Listing) -> list[int]:
-    """Committed steps to try, newest first; each is a fallback for the one before it."""
-    return sorted(listing.committed, reverse=True)
-
-
-def plan_retention(listing: Listing, keep: int, writing: int | None = None) -> list[int]:
-    """Steps to delete: committed ones beyond the newest `keep`, and uncommitted leftovers
-    older than the newest committed step. Never the newest committed, never `writing`.
-    """
-    keep = max(1, keep)
-    doomed = set(listing.committed[:-keep]) if len(listing.committed) > keep else set()
-    if listing.committed:
-        newest = listing.committed[-1]
-        doomed |= {s for s in listing.uncommitted if s < newest}
-    doomed.discard(writing if writing is not None else -1)
-    return sorted(doomed)
-
-
-def deletion_order(keys: list[str]) -> list[str]:
-    """Commit markers first, so a half-deleted checkpoint never looks committed."""
-    return sorted(keys, key=lambda k: (not k.endswith("/" + COMMIT_MARKER), k))
 
 
 def sidecar_bytes(info: dict[str, Any]) -> bytes:

@@ -32,13 +32,14 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
 from elastrain_trainer import metrics
+from elastrain_trainer.checkpoint.backends import open_storage
 from elastrain_trainer.checkpoint.diagnose import StorageProblem, diagnose, unusable
-from elastrain_trainer.checkpoint.storage import CheckpointStorage, join, open_storage
+from elastrain_trainer.checkpoint.storage import CheckpointStorage, join
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
 
@@ -124,7 +125,7 @@ def ensure_checkpoint_location(cfg: TrainerConfig, local_rank: int,
     while True:
         attempt += 1
         mine = check(cfg.checkpoint_uri, cfg.checkpoint_endpoint) if local_rank == 0 else None
-        problem, give_up = decide(_gather(Verdict(mine, clock() + delay > deadline), group))
+        problem, stop = decide(_gather(Verdict(mine, clock() + delay > deadline), group))
         if problem is None:
             metrics.record_checkpoint_healthy()
             if local_rank == 0:
@@ -134,24 +135,27 @@ def ensure_checkpoint_location(cfg: TrainerConfig, local_rank: int,
         if local_rank == 0:
             emit("checkpoint_location_failed", attempt=attempt, kind=problem.kind,
                  permanent=problem.permanent, error=problem.message,
-                 retry_in_s=None if give_up else delay)
-        if give_up:
-            _give_up(cfg, problem, local_rank, group, serving=serving)
+                 retry_in_s=None if stop else delay)
+        if stop:
+            why = ("checkpoint location unusable" if problem.permanent else
+                   f"checkpoint store still failing after {cfg.checkpoint_wait_seconds} s")
+            # Short, the reason next: the launcher's one-line crash reason keeps only the start.
+            give_up(CheckpointLocationError(f"{why}, training not started: {problem.message}"),
+                    local_rank, group, serving=serving)
         sleep(delay)
         delay = min(delay * 2, MAX_RETRY_SECONDS)
 
 
-def _give_up(cfg: TrainerConfig, problem: StorageProblem, local_rank: int,
-             group: dist.ProcessGroup | None, *, serving: bool) -> None:
+def give_up(error: CheckpointLocationError, local_rank: int, group: dist.ProcessGroup | None,
+            *, serving: bool) -> NoReturn:
+    """Raise `error` on every rank once the operator has read the reason from /progress (its
+    CheckpointsFailing condition), at most LINGER_SECONDS. Collective."""
     if serving and local_rank == 0:
         metrics.wait_for_progress_read(metrics.progress_reads(), LINGER_SECONDS)
     if _distributed(group):
         dist.barrier(group=group)  # no rank leaves before the reason was served
-    why = ("checkpoint location unusable" if problem.permanent else
-           f"checkpoint store still failing after {cfg.checkpoint_wait_seconds} s")
-    # Short, the reason next: the launcher's one-line crash reason keeps only the beginning.
     # Raised outside any `except`: a chained store error could read like a lost training peer.
-    raise CheckpointLocationError(f"{why}, training not started: {problem.message}")
+    raise error
 
 
 def _distributed(group: dist.ProcessGroup | None) -> bool:

@@ -40,8 +40,10 @@ from elastrain_trainer.checkpoint.s3_transfer import (
     IN_FLIGHT_PARTS,
     PART_BYTES,
     MultipartWriter,
+    crc32_base64,
     read_ranges,
 )
+from elastrain_trainer.checkpoint.storage import ObjectSizeError
 
 MIB = 1 << 20
 TRANSFER = TransferConfig(multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB,
@@ -153,10 +155,21 @@ class S3Storage:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def write(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        # S3 makes an object visible only once the (multipart) upload completes: atomic.
-        self.client.upload_fileobj(cast(IO[bytes], _MemoryReader(data)), self.bucket,
-                                   self._key(key),
-                                   Config=TRANSFER)
+        # S3 makes an object visible only once the (multipart) upload completes: atomic. Both
+        # paths send each body's CRC32, which the store verifies (s3_transfer).
+        view = memoryview(data).cast("B")
+        if view.nbytes <= self.part_bytes:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key),
+                                   Body=cast(IO[bytes], _MemoryReader(view)),
+                                   ChecksumCRC32=crc32_base64(view))
+            return
+        writer = self.open_writer(key)
+        try:
+            writer.write(view)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
 
     def open_writer(self, key: str) -> MultipartWriter:
         """A stream that uploads as it is written and becomes the object on close() (see
@@ -174,6 +187,9 @@ class S3Storage:
         except ClientError as e:
             if _is_not_found(e):
                 raise FileNotFoundError(f"{self.uri}/{key}") from e
+            if _code(e) == "InvalidRange":  # a range past the end: the object is shorter
+                raise ObjectSizeError(f"{self.uri}/{key} is shorter than {into.nbytes} "
+                                      "bytes") from e
             raise
 
     def read(self, key: str) -> bytes:
@@ -211,9 +227,12 @@ class S3Storage:
                                        Delete={"Objects": batch[i:i + 1000], "Quiet": True})
 
 
+def _code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
 def _is_not_found(e: ClientError) -> bool:
-    code = str(e.response.get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound")
+    return _code(e) in ("404", "NoSuchKey", "NotFound")
 
 
 # --- what an error means (checkpoint.diagnose) ------------------------------------------------

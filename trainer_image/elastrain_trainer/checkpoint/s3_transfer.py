@@ -6,20 +6,29 @@ the caller goes on writing, so serialising, hashing and the network overlap and 
 buffer exists. A small object is one PutObject. The object appears only when close() completes
 the upload; abort() (or any failure) aborts it, so a partial object is never visible.
 
+Every PutObject and UploadPart carries the CRC32 of its bytes, computed here from the bytes
+handed over, and the store refuses a body that does not match it: the bytes stored are the bytes
+sent, also where botocore's own checksums are turned off (AWS_REQUEST_CHECKSUM_CALCULATION=
+when_required, common with S3-compatible stores). Given a checksum, botocore computes none.
+
 Read: the object's byte ranges are fetched in parallel straight into preallocated memory, and
 the caller hashes the finished prefix in order while later ranges are still arriving.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from elastrain_trainer.checkpoint.storage import ObjectSizeError
 
 MIB = 1 << 20
 PART_BYTES = 16 * MIB
@@ -94,7 +103,7 @@ class MultipartWriter(io.RawIOBase):
         assert part is not None
         if self._upload_id is None:
             self._upload_id = self._client.create_multipart_upload(
-                Bucket=self._bucket, Key=self._key)["UploadId"]
+                Bucket=self._bucket, Key=self._key, ChecksumAlgorithm="CRC32")["UploadId"]
         view = memoryview(part.buffer)[:fill]
         part.hashed = self._hash_pool.submit(self._hasher.update, view)
         number = len(self._etags) + 1
@@ -104,10 +113,11 @@ class MultipartWriter(io.RawIOBase):
         self._part, self._fill = None, 0
 
     def _upload_part(self, number: int, view: memoryview) -> dict[str, Any]:
+        checksum = crc32_base64(view)
         response = self._client.upload_part(Bucket=self._bucket, Key=self._key,
                                             UploadId=self._upload_id, PartNumber=number,
-                                            Body=_Body(view))
-        return {"PartNumber": number, "ETag": response["ETag"]}
+                                            Body=_Body(view), ChecksumCRC32=checksum)
+        return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32": checksum}
 
     def close(self) -> None:
         """Complete the object (or abort it if anything failed); idempotent."""
@@ -117,7 +127,8 @@ class MultipartWriter(io.RawIOBase):
             if self._upload_id is None:
                 body = memoryview(self._part.buffer)[:self._fill] if self._part else b""
                 self._hasher.update(body)
-                self._client.put_object(Bucket=self._bucket, Key=self._key, Body=_Body(body))
+                self._client.put_object(Bucket=self._bucket, Key=self._key, Body=_Body(body),
+                                        ChecksumCRC32=crc32_base64(body))
             else:
                 if self._fill:
                     self._ship()
@@ -156,6 +167,16 @@ class MultipartWriter(io.RawIOBase):
         self._hash_pool.shutdown(wait=True)
         self._pending.clear()
         self._part = None
+
+
+def crc32_base64(data: bytes | bytearray | memoryview) -> str:
+    """S3's x-amz-checksum-crc32: the big-endian CRC32, base64 (zlib releases the GIL)."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+class ShortReadError(ConnectionError):
+    """A range's body ended before its bytes did, on every attempt: the connection's fault, not
+    the object's (the object's size was what the reader expected)."""
 
 
 class _Body(io.RawIOBase):
@@ -223,20 +244,24 @@ def _get_range(client: Any, bucket: str, key: str, into: memoryview, start: int,
         total = str(response.get("ContentRange", "")).rpartition("/")[2]
         if total.isdigit() and int(total) != expected_total:
             body.close()
-            raise ValueError(f"{key} is {total} bytes, not the {expected_total} expected")
+            raise ObjectSizeError(f"{key} is {total} bytes, not the {expected_total} expected")
         try:
             got = _read_body_into(body, into)
-        except (OSError, ValueError) as e:
+        except Exception as e:  # a reset, a timeout, urllib3's or http.client's protocol errors
             if attempt == RANGE_ATTEMPTS - 1:
-                raise ConnectionError(f"reading {key} bytes {start}-{end}: {e}") from e
+                raise ShortReadError(f"reading {key} bytes {start}-{end}: "
+                                     f"{type(e).__name__}: {e}") from e
             continue
         finally:
             body.close()
         if got < into.nbytes and attempt < RANGE_ATTEMPTS - 1:
             continue  # the body ended early (the connection dropped): fetch the range again
-        if got != into.nbytes:
-            raise ValueError(f"{key}: bytes {start}-{end} gave {got} bytes; the object "
-                             f"changed or is shorter than its manifest says")
+        if got > into.nbytes:
+            raise ObjectSizeError(f"{key}: bytes {start}-{end} gave more than the "
+                                  f"{into.nbytes} bytes asked for")
+        if got < into.nbytes:
+            raise ShortReadError(f"{key}: bytes {start}-{end} gave {got} of {into.nbytes} "
+                                 f"bytes on {RANGE_ATTEMPTS} attempts (connection cut short)")
         return
 
 

@@ -1,15 +1,22 @@
 """The CheckpointStorage protocol: a flat key -> bytes store under one root URI.
 
-Backends: local.py (file://), s3.py (s3://) and fsspec_storage.py (gs://, az://, abfs://).
+Backends: local.py (file://), s3.py (s3://) and fsspec_storage.py (gs://, az://, abfs://);
+backends.open_storage picks one by scheme (this module imports none of them).
 Keys are '/'-separated and relative to the root. A write is all-or-nothing for its key (a
 reader sees the old object, the whole new one, or nothing), which is what commit markers and
-`latest` pointers rely on.
+`latest` pointers rely on. A missing key is FileNotFoundError; an object of another size than
+the reader expected is ObjectSizeError; every other exception is the store's trouble and proves
+nothing about the bytes stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
+
+
+class ObjectSizeError(ValueError):
+    """The object exists but is not the size the reader was told (read_into)."""
 
 
 @runtime_checkable
@@ -58,28 +65,10 @@ class StreamingStorage(CheckpointStorage, Protocol):
 
     def read_into(self, key: str, into: memoryview,
                   on_range: Callable[[memoryview], None] | None = None) -> None:
-        """Fill `into`, exactly the object's size; `on_range` sees the bytes in order."""
+        """Fill `into`, exactly the object's size (ObjectSizeError if it is another size);
+        `on_range` sees the bytes in order."""
 
 
 def join(*parts: str) -> str:
     """Join key parts with '/', ignoring empty parts."""
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
-
-
-def open_storage(uri: str, endpoint: str = "") -> CheckpointStorage:
-    """The backend for the URI's scheme (boto3 is imported only for s3://, fsspec's
-    filesystems only for theirs); MissingBackendError (a ValueError) names a missing package."""
-    if uri.startswith("file://"):
-        from elastrain_trainer.checkpoint.local import LocalStorage
-
-        return LocalStorage(uri.removeprefix("file://"))
-    if uri.startswith("s3://"):
-        from elastrain_trainer.checkpoint.s3 import S3Storage
-
-        return S3Storage(uri, endpoint_url=endpoint or None)
-    from elastrain_trainer.checkpoint.fsspec_storage import SCHEMES, FsspecStorage, scheme_of
-
-    if scheme_of(uri) in SCHEMES:
-        return FsspecStorage(uri, endpoint)
-    schemes = ", ".join(f"{s}://" for s in ("file", "s3", *SCHEMES))
-    raise ValueError(f"ELASTRAIN_CHECKPOINT_URI={uri!r} must start with one of {schemes}")

@@ -1,0 +1,165 @@
+"""What a checkpoint root holds, and the pure rules over it: commit order, what to resume, the
+directory a new save gets, and what retention deletes.
+
+Commit order, not the step number, says which checkpoint is newest: a run that fell back to an
+older checkpoint, or was told to start over, saves the same step numbers again, and its new
+work must win over the old directories of those steps (and survive retention). Each
+COMMITTED marker carries a sequence number one above every commit the writer knew of;
+markers written before sequence numbers existed count as 0 and order by step.
+
+A save never writes into a directory that already holds objects (`choose_dir`): the first save
+of step 12 gets `step-00000012`, a later one `step-00000012.2`, so nothing committed is ever
+overwritten. A checkpoint proven damaged is kept (QUARANTINED, or known to the manager) and
+neither resumed from nor deleted by retention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from elastrain_trainer.checkpoint import manifest as mf
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One committed checkpoint directory."""
+
+    dir: str
+    step: int
+    seq: int = 0
+    run: str = ""
+
+    def order(self) -> tuple[int, int, int]:
+        parsed = mf.parse_dir(self.dir)
+        return self.seq, self.step, parsed[1] if parsed else 0
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The step directories under a root, as one listing (and the commit markers) showed them."""
+
+    commits: tuple[Commit, ...] = ()  # usable, oldest first in commit order
+    damaged: Mapping[str, str] = field(default_factory=dict)  # dir -> why (never loaded, kept)
+    uncommitted: tuple[str, ...] = ()  # dirs with objects and no commit marker
+    objects: Mapping[str, frozenset[str]] = field(default_factory=dict)  # dir -> object names
+
+    @property
+    def newest(self) -> Commit | None:
+        return self.commits[-1] if self.commits else None
+
+    def taken(self) -> frozenset[str]:
+        """Every directory that holds objects: no save may write into one of them."""
+        return frozenset(self.objects)
+
+    def next_seq(self) -> int:
+        return max((c.seq for c in self.commits), default=0) + 1
+
+
+def group_keys(keys: Iterable[str]) -> dict[str, frozenset[str]]:
+    """Step directory -> the names of its objects (keys outside step directories are ignored)."""
+    groups: dict[str, set[str]] = {}
+    for key in keys:
+        head, _, rest = key.partition("/")
+        if rest and mf.parse_dir(head) is not None:
+            groups.setdefault(head, set()).add(rest)
+    return {d: frozenset(names) for d, names in groups.items()}
+
+
+def marker_dirs(objects: Mapping[str, frozenset[str]]) -> list[str]:
+    """The directories whose commit marker must be read to know their place in commit order."""
+    return sorted(d for d, names in objects.items()
+                  if mf.COMMIT_MARKER in names and mf.QUARANTINED not in names)
+
+
+def build_catalog(objects: Mapping[str, frozenset[str]],
+                  markers: Mapping[str, bytes | None]) -> Catalog:
+    """The catalog from a listing and the bytes of the markers `marker_dirs` named (None: the
+    marker vanished between the listing and the read, as retention's deletion does)."""
+    commits: list[Commit] = []
+    damaged: dict[str, str] = {}
+    uncommitted: list[str] = []
+    for d, names in sorted(objects.items()):
+        parsed = mf.parse_dir(d)
+        assert parsed is not None
+        if mf.QUARANTINED in names:
+            damaged[d] = "quarantined earlier"
+        elif mf.COMMIT_MARKER not in names or markers.get(d) is None:
+            uncommitted.append(d)
+        else:
+            data = markers[d]
+            assert data is not None
+            try:
+                marker = mf.parse_commit_marker(data)
+            except mf.CorruptCheckpointError as e:
+                damaged[d] = str(e)
+                continue
+            if marker.step != parsed[0]:
+                damaged[d] = f"its commit marker names step {marker.step}"
+                continue
+            commits.append(Commit(d, parsed[0], marker.seq, marker.run))
+    commits.sort(key=Commit.order)
+    return Catalog(tuple(commits), damaged, tuple(uncommitted), dict(objects))
+
+
+def resume_candidates(catalog: Catalog, run: str | None = None) -> list[Commit]:
+    """Commits to try, newest commit first; each is the fallback for the one before it.
+    `run`: only that run's own commits (a run told to start over ignores older work)."""
+    return [c for c in reversed(catalog.commits) if run is None or c.run == run]
+
+
+def choose_dir(step: int, taken: Collection[str]) -> str:
+    """The first directory of `step` that holds nothing yet."""
+    attempt = 1
+    while mf.step_dir(step, attempt) in taken:
+        attempt += 1
+    return mf.step_dir(step, attempt)
+
+
+def plan_retention(catalog: Catalog, keep: int, protect: Collection[str] = ()) -> list[str]:
+    """Directories to delete: commits older (in commit order) than the newest `keep`, and
+    abandoned uncommitted directories of steps below the newest commit's. Never a damaged
+    directory (kept for a post-mortem), never one in `protect` (the one training resumed from,
+    the one being written)."""
+    keep = max(1, keep)
+    doomed = [c.dir for c in catalog.commits[:-keep]]
+    newest = catalog.newest
+    if newest is not None:
+        doomed += [d for d in catalog.uncommitted if (mf.parse_step_dir(d) or 0) < newest.step]
+    return sorted(d for d in doomed if d not in protect and d not in catalog.damaged)
+
+
+def deletion_order(keys: list[str]) -> list[str]:
+    """Commit markers first, so a half-deleted checkpoint never looks committed."""
+    return sorted(keys, key=lambda k: (not k.endswith("/" + mf.COMMIT_MARKER), k))
+
+
+def with_commit(catalog: Catalog, commit: Commit, names: Iterable[str]) -> Catalog:
+    """The catalog once `commit` (holding `names`) is committed."""
+    commits = sorted([*(c for c in catalog.commits if c.dir != commit.dir), commit],
+                     key=Commit.order)
+    return Catalog(tuple(commits), catalog.damaged,
+                   tuple(d for d in catalog.uncommitted if d != commit.dir),
+                   {**catalog.objects, commit.dir: frozenset(names)})
+
+
+def with_uncommitted(catalog: Catalog, d: str) -> Catalog:
+    """The catalog once a save into `d` failed (whatever it wrote stays until retention)."""
+    if d in catalog.uncommitted or any(c.dir == d for c in catalog.commits):
+        return catalog
+    return Catalog(catalog.commits, catalog.damaged, (*catalog.uncommitted, d),
+                   {**catalog.objects, d: catalog.objects.get(d, frozenset())})
+
+
+def with_damaged(catalog: Catalog, d: str, why: str) -> Catalog:
+    """The catalog once `d` is proven damaged: never a candidate, never deleted by retention."""
+    return Catalog(tuple(c for c in catalog.commits if c.dir != d), {**catalog.damaged, d: why},
+                   tuple(u for u in catalog.uncommitted if u != d),
+                   {**catalog.objects, d: catalog.objects.get(d, frozenset())})
+
+
+def without(catalog: Catalog, dirs: Collection[str]) -> Catalog:
+    """The catalog once `dirs` are deleted."""
+    return Catalog(tuple(c for c in catalog.commits if c.dir not in dirs), catalog.damaged,
+                   tuple(d for d in catalog.uncommitted if d not in dirs),
+                   {d: n for d, n in catalog.objects.items() if d not in dirs})
