@@ -164,7 +164,7 @@ def job_env(run_dir: Path, steps: int, interval: int, step_sleep: float) -> dict
 def hosted_cluster_class() -> type:
     """LocalCluster with no store of its own: slot 0's agent hosts the c10d store
     (is_host=true), the others connect to it, and a crashed slot is restarted."""
-    from elastrain_trainer.local import RDZV_CONF, Agent, LocalCluster
+    from elastrain_trainer.launch.cluster import RDZV_CONF, Agent, LocalCluster
 
     @dataclass
     class HostedCluster(LocalCluster):
@@ -280,7 +280,7 @@ def drive_events(cluster: Any, kind: str, events: int, period: float,
 def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hosted: bool,
             events: int, period: float, timeout: float,
             restart_delay: float) -> tuple[float, list[Record], list[float], dict[str, Any]]:
-    from elastrain_trainer.local import LocalCluster
+    from elastrain_trainer.launch.cluster import LocalCluster
 
     cls: Callable[..., Any] = hosted_cluster_class() if hosted else LocalCluster
     kwargs: dict[str, Any] = {"restart_delay": restart_delay} if hosted else {}

@@ -78,9 +78,9 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
               out: str | None, checkpoint_uri: str | None, fresh: bool) -> int:
     """Run the job's trainer with torchrun agents on this machine (elastic, c10d, gloo)."""
     from elastrain_operator.render.env import render_command, render_trainer_env
-    from elastrain_trainer.local import run_local as start_local
-    from elastrain_trainer.local import worker_entry
-    from elastrain_trainer.supervise import RestartBudget
+    from elastrain_trainer.launch.local import run_local as start_local
+    from elastrain_trainer.launch.local import worker_entry
+    from elastrain_trainer.launch.supervise import RestartBudget
 
     job = parse_job(text, origin)
     spec = job.spec

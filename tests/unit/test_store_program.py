@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from elastrain_operator.render.rendezvous import STORE_PROGRAM
-from elastrain_trainer import rdzv_store
+from elastrain_trainer.launch import rdzv_store
 from elastrain_trainer.ports import free_port
 
 

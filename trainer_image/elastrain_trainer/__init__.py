@@ -4,7 +4,7 @@ Entry point: `python -m elastrain_trainer` under torchrun (see __main__.py). As 
     elastrain_trainer.estimate(config, world_size)            memory per rank (torch-free)
     elastrain_trainer.checkpoint.CheckpointManager            sharded async checkpoints
     elastrain_trainer.signals.StopAgreement                   SIGTERM -> save -> exit
-    elastrain_trainer.local.run_local(...)                    local multi-agent runs
+    elastrain_trainer.launch.local.run_local(...)             local multi-agent runs
 """
 
 from elastrain_trainer.config import TrainerConfig

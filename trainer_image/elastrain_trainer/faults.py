@@ -11,7 +11,7 @@ A worker process ends in one of these ways, and only the last one is the job's f
 
 The launcher (elastrain_trainer.launch) restarts the worker group in place for the first
 three, as torchrun does, and for a crash stops the node with a one-line reason that the
-operator counts against restartPolicy.maxRestarts (see launch.py). The reason comes from the
+operator counts against restartPolicy.maxRestarts (see launch/agent.py). The reason comes from the
 worker's torchelastic error file, which guard_main writes; a user script that uses neither
 guard_main nor torch's `@record` still gets its crash counted, with its exit code only.
 """

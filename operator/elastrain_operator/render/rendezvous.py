@@ -27,8 +27,8 @@ STORE_RESOURCES = {"requests": {"cpu": "50m", "memory": "640Mi"},
 
 # The store's whole program, run with `python3 -c`: it needs python3 and torch only, so the store
 # runs in any image a worker runs, a user's own `torchrun train.py` image without elastrain's
-# code included. elastrain_trainer.rdzv_store.PROGRAM is the same text (local mode runs it; a
-# test keeps the two equal: the operator never imports the trainer).
+# code included. elastrain_trainer.launch.rdzv_store.PROGRAM is the same text (local mode runs
+# it; a test keeps the two equal: the operator never imports the trainer).
 STORE_PROGRAM = """\
 import signal, sys, threading
 from datetime import timedelta

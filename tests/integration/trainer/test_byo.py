@@ -18,7 +18,8 @@ import pytest
 
 from elastrain_cli import commands
 from elastrain_trainer.events import parse_line
-from elastrain_trainer.local import LocalCluster, worker_entry
+from elastrain_trainer.launch.cluster import LocalCluster
+from elastrain_trainer.launch.local import worker_entry
 from elastrain_trainer.summary import summarize
 
 from .conftest import load_checkpoint

@@ -1,5 +1,5 @@
 """The crash budget on real torchrun agents: a worker's own crash is counted, a lost peer or
-store is not (elastrain_trainer.launch, faults, supervise).
+store is not (elastrain_trainer.launch: agent, supervise; elastrain_trainer.faults).
 
 The agents run the launcher the operator gives worker pods; supervise.Supervisor applies
 spec.restartPolicy the way the operator does for pods (see tests/integration/operator for the
@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from elastrain_trainer.faults import CRASH_PREFIX
-from elastrain_trainer.local import LocalCluster
-from elastrain_trainer.supervise import Outcome, RestartBudget, Supervisor
+from elastrain_trainer.launch.cluster import LocalCluster
+from elastrain_trainer.launch.supervise import Outcome, RestartBudget, Supervisor
 
 from .conftest import trainer_env
 

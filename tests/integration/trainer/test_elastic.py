@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastrain_trainer.local import LocalCluster
+from elastrain_trainer.launch.cluster import LocalCluster
 from elastrain_trainer.summary import loss_curve, summarize
 
 from .conftest import load_checkpoint, make_s3_storage, s3_env, trainer_env

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from elastrain_trainer.checkpoint.s3 import S3Storage
-from elastrain_trainer.local import LocalCluster
+from elastrain_trainer.launch.cluster import LocalCluster
 from elastrain_trainer.summary import loss_curve, summarize
 from elastrain_trainer.tokenfiles import TokenFileError, open_token_dataset
 from tests.token_files import llmc_bytes, nanogpt_bytes, pattern_tokens

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from elastrain_trainer.faults import crash_reason, guard_main, is_crash, peer_lost
-from elastrain_trainer.launch import crash_of
+from elastrain_trainer.launch.agent import crash_of
+from elastrain_trainer.launch.supervise import RestartBudget, crash_line
 from elastrain_trainer.signals import EXIT_RESTART
-from elastrain_trainer.supervise import RestartBudget, crash_line
 
 GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
               "[127.0.0.1]:53172: Connection reset by peer. This is typically caused by a remote "

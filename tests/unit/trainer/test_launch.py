@@ -1,4 +1,4 @@
-"""elastrain_trainer.launch patches the installed torch's elastic agent as its docstring says:
+"""elastrain_trainer.launch.agent patches the installed torch's elastic agent as its docstring says:
 a worker-group restart waits the configured shutdown timeout, not torchrun's fixed 30 s."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from elastrain_trainer import launch
+from elastrain_trainer.launch import agent as launch_agent
 
 
 class _Agent:
@@ -28,9 +28,9 @@ def test_restarting_workers_waits_the_shutdown_timeout() -> None:
         # torch as shipped: a restart SIGKILLs after 30 s whatever --shutdown-timeout says.
         getattr(unpatched, "__wrapped__", unpatched)(agent, None)
         assert agent.timeouts == [30]
-        assert launch.patch_restart_timeout()
+        assert launch_agent.patch_restart_timeout()
         LocalElasticAgent._stop_workers(agent, None)  # type: ignore[arg-type]
         assert agent.timeouts == [30, 175]
-        assert launch.patch_restart_timeout()  # idempotent
+        assert launch_agent.patch_restart_timeout()  # idempotent
     finally:
         LocalElasticAgent._stop_workers = unpatched  # type: ignore[method-assign]

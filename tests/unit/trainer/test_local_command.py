@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from elastrain_trainer.local import TRAINER_ENTRY, LocalRunResult, print_record, worker_entry
+from elastrain_trainer.launch.cluster import TRAINER_ENTRY
+from elastrain_trainer.launch.local import LocalRunResult, print_record, worker_entry
 from elastrain_trainer.summary import summarize
 
 

@@ -1,15 +1,15 @@
-"""torchrun, with one change: a worker-group restart waits for the workers as long as a stop does.
+"""The patches to torchrun's elastic agent that `python -m elastrain_trainer.launch` applies.
 
-    python -m elastrain_trainer.launch [torchrun options] -m elastrain_trainer
-
-The operator starts workers with this instead of `torchrun` (same options, same PET_* contract).
-Why: torchrun stops its workers with SIGTERM and waits `--shutdown-timeout` (PET_SHUTDOWN_TIMEOUT,
-which the operator sets from the pod's terminationGracePeriodSeconds) before SIGKILL, but only
-when the agent itself is signalled. When a peer is preempted, the *surviving* agents restart their
-worker groups for the next rendezvous through `LocalElasticAgent._stop_workers`, which calls
-`_shutdown()` with its fixed default of 30 s. Every rank takes part in the SIGTERM checkpoint (a
-collective DCP save), so on a real node a save longer than 30 s was SIGKILLed on the survivors and
-never committed. Here `_stop_workers` honours the same shutdown timeout.
+First change: a worker-group restart waits for the workers as long as a stop does.
+The operator starts workers with the launcher instead of `torchrun` (same options, same PET_*
+contract; see __main__.py). Why: torchrun stops its workers with SIGTERM and waits
+`--shutdown-timeout` (PET_SHUTDOWN_TIMEOUT, which the operator sets from the pod's
+terminationGracePeriodSeconds) before SIGKILL, but only when the agent itself is signalled. When
+a peer is preempted, the *surviving* agents restart their worker groups for the next rendezvous
+through `LocalElasticAgent._stop_workers`, which calls `_shutdown()` with its fixed default of
+30 s. Every rank takes part in the SIGTERM checkpoint (a collective DCP save), so on a real node
+a save longer than 30 s was SIGKILLed on the survivors and never committed. Here `_stop_workers`
+honours the same shutdown timeout.
 
 Second change: a worker's own crash stops this node instead of restarting it in place.
 torchrun restarts a failed worker group in place up to --max-restarts, whatever the cause. The
@@ -121,21 +121,3 @@ def report_crash(reason: str, path: Path = TERMINATION_LOG) -> None:
         with contextlib.suppress(OSError):
             path.write_text(reason + "\n")
 
-
-def main(argv: list[str] | None = None) -> int:
-    patched = patch_restart_timeout() and patch_crash_budget()
-    if not patched:
-        print("elastrain launch: torch's elastic agent changed; running plain torchrun",
-              file=sys.stderr)
-    from torch.distributed.run import main as torchrun
-
-    try:
-        torchrun(argv)
-    except WorkerCrashed as crash:
-        report_crash(str(crash))
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

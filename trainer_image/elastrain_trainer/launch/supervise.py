@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastrain_trainer.faults import CRASH_PREFIX
-from elastrain_trainer.local import Agent, LocalCluster
+from elastrain_trainer.launch.cluster import Agent, LocalCluster
 
 STORE_LOST = "RendezvousConnectionError"
 

@@ -1,8 +1,8 @@
 """The standalone rendezvous store: a TCPStore that no worker hosts.
 
-    python3 -c "$(python3 -c 'from elastrain_trainer.rdzv_store import PROGRAM; print(PROGRAM)')" \
-        0.0.0.0 29400
-    python3 -m elastrain_trainer.rdzv_store --host 0.0.0.0 --port 29400
+    python3 -c "$(python3 -c \
+        'from elastrain_trainer.launch.rdzv_store import PROGRAM; print(PROGRAM)')" 0.0.0.0 29400
+    python3 -m elastrain_trainer.launch.rdzv_store --host 0.0.0.0 --port 29400
 
 Agents point --rdzv-endpoint at it with is_host=false, so losing any worker (even the one that
 was rank 0) never takes the rendezvous down with it. PROGRAM needs python3 and torch only: the
@@ -38,7 +38,7 @@ def command(host: str, port: int, python: str = sys.executable) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m elastrain_trainer.rdzv_store")
+    parser = argparse.ArgumentParser(prog="python3 -m elastrain_trainer.launch.rdzv_store")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=29400)
     args = parser.parse_args(argv)

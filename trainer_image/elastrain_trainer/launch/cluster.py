@@ -1,15 +1,15 @@
-"""Local mode: a rendezvous store and N torchrun agents ("nodes") as processes on this machine.
+"""A rendezvous store and N torchrun agents ("nodes") as processes on this machine.
 
-`run_local` is what `elastrain run --local` calls; `LocalCluster` is the same machinery
-for tests that inject preemptions themselves. Each agent runs one worker (nproc 1) with
-the elastic settings of notes/rendezvous.md: an external store, is_host=false, 1 s x 3
+`LocalCluster` is the machinery under `elastrain run --local` (local.py, supervise.py) and
+under tests that inject preemptions themselves. Each agent runs elastrain's launcher
+(`python -m elastrain_trainer.launch`, as worker pods do) with one worker (nproc 1) and the
+elastic settings of notes/rendezvous.md: an external store, is_host=false, 1 s x 3
 keep-alives, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -17,26 +17,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from elastrain_trainer import rdzv_store
 from elastrain_trainer.events import parse_line
+from elastrain_trainer.launch import rdzv_store
 from elastrain_trainer.ports import free_port
-from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_summary
 
 RDZV_CONF = ("is_host=false,last_call_timeout=1,join_timeout=600,keep_alive_interval=1,"
              "keep_alive_max_attempt=3")
 Record = dict[str, Any]
 # What a worker runs after the launcher's options: the built-in trainer (the pods' default).
 TRAINER_ENTRY = ("-m", "elastrain_trainer")
-# Modules that are torchrun (`python -m MODULE [torchrun options] script ...`).
-_TORCHRUN_MODULES = ("torch.distributed.run", "elastrain_trainer.launch")
-
-if TYPE_CHECKING:
-    from elastrain_trainer.supervise import Outcome, RestartBudget
 
 
 @dataclass
@@ -170,99 +164,6 @@ class LocalCluster:
         if self._store is not None and self._store.poll() is None:
             self._store.send_signal(signal.SIGTERM)
             self._store.wait(timeout=30)
-
-
-@dataclass(frozen=True)
-class LocalRunResult:
-    """What a local run did; `summary` also lives in out_dir/summary.json."""
-
-    exit_codes: dict[str, int | None]
-    summary: RunSummary
-    plot_path: Path | None
-    out_dir: Path
-    outcome: Outcome | None = None
-
-    @property
-    def ok(self) -> bool:
-        # torchrun exits 0 only once its whole group finished: that is success even for a
-        # script that prints no elastrain records.
-        finished = self.summary.finished or 0 in self.exit_codes.values()
-        return (finished and all(c is not None for c in self.exit_codes.values())
-                and (self.outcome is None or self.outcome.failed is None))
-
-
-def worker_entry(command: Sequence[str], args: Sequence[str] = ()) -> tuple[str, ...]:
-    """What follows the launcher in a pod's command + args: torchrun options, then the script
-    or `-m module` and its arguments. Local agents run it under elastrain's launcher with the
-    local rendezvous flags before it (an option given again in the command wins).
-
-    `torchrun ...`, `python -m torch.distributed.run ...` and `python -m
-    elastrain_trainer.launch ...` are torchrun; ValueError for a command that starts no torchrun
-    (local mode runs every worker as a torchrun agent)."""
-    words = list(command)
-    if words and PurePath(words[0]).name == "torchrun":
-        return (*words[1:], *args)
-    if (len(words) >= 3 and PurePath(words[0]).name.startswith("python") and words[1] == "-m"
-            and words[2] in _TORCHRUN_MODULES):
-        return (*words[3:], *args)
-    raise ValueError(f"command {words!r} does not start torchrun (`torchrun ...` or `python -m "
-                     f"{' | '.join(_TORCHRUN_MODULES)} ...`); local mode runs each worker as a "
-                     "torchrun agent")
-
-
-def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: int,
-              out_dir: str | os.PathLike[str], *, simulate_preemption: bool = False,
-              preempt_at_step: int | None = None, timeout: float = 3600,
-              on_record: Callable[[str, Record], None] | None = None,
-              budget: RestartBudget | None = None, entry: Sequence[str] = TRAINER_ENTRY,
-              cwd: str | os.PathLike[str] | None = None) -> LocalRunResult:
-    """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement.
-
-    Crashes are counted against `budget` (spec.restartPolicy) and replaced after its backoff;
-    a lost rendezvous store is restarted (elastrain_trainer.supervise). `entry` is what each
-    agent runs (worker_entry of the job's command), in `cwd`."""
-    from elastrain_trainer.supervise import RestartBudget, Supervisor
-
-    out = Path(out_dir)
-    env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
-    cluster = LocalCluster(env, min_nodes, max_nodes, out,
-                           job_id=env.get("ELASTRAIN_JOB_NAME", "local"), entry=tuple(entry),
-                           cwd=Path(cwd) if cwd is not None else None,
-                           on_record=on_record or print_record)
-    started = time.monotonic()
-    try:
-        cluster.start(workers)
-        if simulate_preemption:
-            steps = int(env.get("ELASTRAIN_STEPS", "100"))
-            at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
-            if cluster.wait_for_step(at, timeout=timeout):
-                print(f"[local] preempting {cluster.agents[-1].name} at step "
-                      f"{cluster.max_step()} and starting a replacement", flush=True)
-                cluster.preempt(cluster.agents[-1])
-                cluster.add_agent()
-        supervisor = Supervisor(cluster, budget or RestartBudget())
-        outcome = supervisor.run(timeout=max(1.0, timeout - (time.monotonic() - started)))
-        codes = outcome.exit_codes
-    finally:
-        cluster.stop()
-    summary = summarize([r for _, r in cluster.records], wall_s=time.monotonic() - started)
-    plot = plot_loss([r for _, r in cluster.records], out / "loss.png")
-    write_summary(summary, codes, out)
-    return LocalRunResult(codes, summary, plot, out, outcome)
-
-
-def print_record(agent: str, r: Record) -> None:
-    """Default progress printer: one short line per step and per lifecycle event."""
-    if r["event"] == "step":
-        loss = r.get("loss")
-        line = (f"[{agent}] step {r['step']:>5}  loss {math.nan if loss is None else loss:.4f}  "
-                f"world {r.get('world_size')}  {r.get('tokens_per_s') or 0:.0f} tok/s")
-    else:
-        fields = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("event", "time"))
-        line = f"[{agent}] {r['event']} {fields}"
-    # One write per line: agents' pump threads print concurrently.
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def descendants(pid: int) -> list[int]:
