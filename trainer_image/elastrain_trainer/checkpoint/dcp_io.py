@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.filesystem import (
     FileSystemReader,
     FileSystemWriter,
 )
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -286,11 +286,14 @@ class CheckpointReader(FileSystemReader):
     """Reads one committed checkpoint directory, verifying every file it touches."""
 
     def __init__(self, storage: CheckpointStorage, step_key: str,
-                 files: dict[str, FileDigest]) -> None:
+                 files: dict[str, FileDigest], metadata: Metadata | None = None) -> None:
         super().__init__(step_key)
         self._storage = storage
         self.fs = StorageFileSystem(storage, verify=files)  # type: ignore[assignment]
         self.path = step_key
+        # Read beforehand (CheckpointManager): DCP turns a failed metadata read into an
+        # AssertionError whose text is all that is left of the cause (a reset? a bad checksum?).
+        self._metadata = metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """DCP's read_data, except that a tensor is copied into its target straight from the
@@ -333,4 +336,9 @@ class CheckpointReader(FileSystemReader):
         if kwargs.get("rank") is not None:
             # DCP retries with per-rank metadata when .metadata fails; we never write those.
             raise FileNotFoundError(f"{self.path}: no per-rank metadata in this format")
-        return super().read_metadata(*args, **kwargs)
+        if self._metadata is None:
+            return super().read_metadata(*args, **kwargs)
+        meta = getattr(self._metadata, "storage_meta", None) or StorageMeta()
+        meta.load_id = self.load_id
+        self._metadata.storage_meta = meta
+        return self._metadata

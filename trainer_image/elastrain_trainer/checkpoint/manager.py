@@ -319,10 +319,15 @@ class CheckpointManager:
         if isinstance(checked, rf.Damaged):
             return checked
         files, sidecar = checked
+        # Rank 0 reads .metadata (verified) for everyone; its failure keeps its type here.
+        metadata = self._retrying(storage, "read", key, storage_call=False,
+                                  fn=lambda: CheckpointReader(storage, key, files).read_metadata())
+        if isinstance(metadata, rf.Damaged):
+            return metadata
         loaded = self._retrying(
             storage, "read", key, storage_call=False, everywhere=True,
-            fn=lambda: dcp_load(state, storage_reader=CheckpointReader(storage, key, files),
-                                process_group=self.pg))
+            fn=lambda: dcp_load(state, process_group=self.pg,
+                                storage_reader=CheckpointReader(storage, key, files, metadata)))
         if isinstance(loaded, rf.Damaged):
             return loaded
         return LoadResult(step=commit.step, uri=join(storage.uri, key), sidecar=sidecar)

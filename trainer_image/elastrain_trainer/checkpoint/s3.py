@@ -35,11 +35,13 @@ from elastrain_trainer.checkpoint.diagnose import (
     STORE_ERROR,
     UNREACHABLE,
     Explanation,
+    explain_os_error,
 )
 from elastrain_trainer.checkpoint.s3_transfer import (
     IN_FLIGHT_PARTS,
     PART_BYTES,
     MultipartWriter,
+    ShortReadError,
     crc32_base64,
     read_ranges,
 )
@@ -286,6 +288,13 @@ def explain(storage: S3Storage, error: BaseException, action: str) -> Explanatio
         # Our own words: the raw text of a reset connection reads like a lost training peer.
         return Explanation(UNREACHABLE, False,
                            f"{type(error).__name__}: no answer from the endpoint")
+    if isinstance(error, ShortReadError):
+        return Explanation(UNREACHABLE, False, str(error))
+    if type(error).__module__.split(".")[0] in ("urllib3", "http"):
+        # A body cut short under boto3 (urllib3's ProtocolError, http.client's IncompleteRead).
+        return Explanation(UNREACHABLE, False, f"{type(error).__name__}: the connection broke")
+    if isinstance(error, OSError):
+        return explain_os_error(error)
     return Explanation(OTHER, False, f"{type(error).__name__}: {error}")
 
 

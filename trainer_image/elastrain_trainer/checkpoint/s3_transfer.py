@@ -249,8 +249,10 @@ def _get_range(client: Any, bucket: str, key: str, into: memoryview, start: int,
             got = _read_body_into(body, into)
         except Exception as e:  # a reset, a timeout, urllib3's or http.client's protocol errors
             if attempt == RANGE_ATTEMPTS - 1:
-                raise ShortReadError(f"reading {key} bytes {start}-{end}: "
-                                     f"{type(e).__name__}: {e}") from e
+                # The error's type, not its text: "Connection reset by peer" would read like a
+                # lost training peer (faults.peer_lost).
+                raise ShortReadError(f"reading {key} bytes {start}-{end}: the connection broke "
+                                     f"on {RANGE_ATTEMPTS} attempts ({type(e).__name__})") from e
             continue
         finally:
             body.close()
