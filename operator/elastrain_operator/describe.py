@@ -2,8 +2,9 @@
 
 Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
 Shows each worker slot with its pod, phase, node and attempt, the rendezvous store, the
-trainer's progress, last checkpoint and checkpoint health, both budgets, the recent counted
-losses and how long training took to run again after the newest of them.
+trainer's progress, last checkpoint and checkpoint health, the newest resume that skipped a
+damaged checkpoint (what, why, from which step training resumed, the steps lost), both budgets,
+the recent counted losses and how long training took to run again after the newest of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from elastrain_operator.model.names import LABEL_ROLE, ROLE_STORE, ROLE_WORKER, 
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import CheckpointHealth
 from elastrain_operator.policy.failures import classify_pod_exit, describe_exit, read_worker_pod
+from elastrain_operator.policy.fallback import describe_fallback
 
 Manifest = dict[str, Any]
 
@@ -45,6 +47,8 @@ def _header(job: TrainingJob) -> list[str]:
                      f"{s.last_checkpoint.uri} ({when})")
     if s.progress is not None and s.progress.checkpoint_health is not None:
         lines.append(_checkpoint_health(s.progress.checkpoint_health))
+    if s.checkpoint_fallback is not None:
+        lines.append(f"Checkpoint fallback: {describe_fallback(s.checkpoint_fallback)}")
     budgets = (f"Restarts {_budget(s.restarts, spec.restart_policy.max_restarts)}, "
                f"preemptions {_budget(s.preemptions, spec.restart_policy.max_preemptions)}")
     if s.restart_backoff_until is not None:

@@ -15,6 +15,7 @@ VALID: Final = "Valid"                # the spec passed the reconcile-time check
 ALL_WORKERS_RUNNING: Final = "AllWorkersRunning"  # every desired worker runs (none pending)
 CHECKPOINTS_FAILING: Final = "CheckpointsFailing"  # the trainers' latest checkpoint saves failed
 HUNG: Final = "Hung"                  # no training step completed for spec.hangTimeoutSeconds
+CHECKPOINT_FALLBACK: Final = "CheckpointFallback"  # a resume skipped a damaged checkpoint (sticky)
 
 # --- reasons ---------------------------------------------------------------------------------
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
@@ -47,3 +48,4 @@ CHECKPOINTS_HEALTHY: Final = "CheckpointsHealthy"      # the latest checkpoint s
 NO_TRAINING_PROGRESS: Final = "NoTrainingProgress"     # no step for spec.hangTimeoutSeconds
 TRAINING_PROGRESSING: Final = "TrainingProgressing"    # steps complete (or the watchdog is off)
 WORKER_CRASHED: Final = "WorkerCrashed"                # the trainer raised (the job's own error)
+DAMAGED_CHECKPOINT_SKIPPED: Final = "DamagedCheckpointSkipped"  # resumed from an older one

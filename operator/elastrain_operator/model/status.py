@@ -52,6 +52,22 @@ class CheckpointHealth(ApiModel):
     last_failure_time: AwareDatetime | None = None
 
 
+class CheckpointFallback(ApiModel):
+    """A resume that skipped a checkpoint proven damaged and loaded an older one (or none)."""
+
+    skipped_step: int = Field(ge=0, description="The newest committed checkpoint, skipped.")
+    skipped_uri: str = Field(default="", max_length=2048)
+    reason: str = Field(default="", max_length=600,
+                        description="Why it was skipped (the proof of damage).")
+    loaded_step: int | None = Field(
+        default=None, ge=0, description="The step training resumed from; absent: from step 0.")
+    loaded_uri: str | None = Field(default=None, max_length=2048)
+    steps_lost: int = Field(default=0, ge=0, description="skippedStep - loadedStep (or 0).")
+    quarantined: bool = Field(
+        default=False, description="The damaged checkpoint is kept, never loaded again.")
+    time: AwareDatetime = Field(description="When the trainer decided it (trainer's clock).")
+
+
 class Progress(ApiModel):
     """Training progress reported by the trainer."""
 
@@ -144,6 +160,9 @@ class TrainingJobStatus(ApiModel):
         default=None, description="When a worker was lost and the job fell below its size.")
     last_recovery: TrainingRecovery | None = Field(
         default=None, description="Worker lost -> first training step after the resume.")
+    checkpoint_fallback: CheckpointFallback | None = Field(
+        default=None, description="The newest resume that skipped a damaged checkpoint "
+                                  "(policy/fallback); kept after later normal resumes.")
     start_time: datetime | None = None
     completion_time: datetime | None = None
     observed_generation: int = Field(default=0, ge=0)

@@ -8,7 +8,8 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
 2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
 3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
-   including how long training took to run again after the newest loss (policy.progress).
+   including how long training took to run again after the newest loss (policy.progress)
+   and a resume that skipped a damaged checkpoint (policy.fallback).
 
 Success, precisely: torchrun exits 0 only when its worker group completed, so the first worker
 pod that Succeeded (exit 0 and no disruption) means the world finished training. From then on
@@ -35,6 +36,7 @@ from elastrain_operator.model.status import (
     WorkerSlot,
 )
 from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit, describe_exit
+from elastrain_operator.policy.fallback import newest_fallback
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import (
     ProgressReport,
@@ -50,6 +52,7 @@ from elastrain_operator.policy.status import (
     Outcome,
     WorkerCounts,
     derive_status,
+    fallback_events,
     find_condition,
     make_condition,
     set_condition,
@@ -323,10 +326,12 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
                       finishing=finishing, in_backoff=in_backoff,
                       progress=merge_progress(old.progress, old.last_checkpoint,
                                               reports),
-                      last_recovery=training or old.last_recovery)
+                      last_recovery=training or old.last_recovery,
+                      fallback=newest_fallback(old.checkpoint_fallback,
+                                               [rep.fallback for rep in reports or ()]))
     status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              reports, now)
-    events = [*r.events, *transition_events(old, status)]
+    events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if (was := find_condition(old.conditions, c.HUNG)) and was.status == "True" and (
             now_hung := find_condition(status.conditions, c.HUNG)) and now_hung.status == "False":
         events.append(EventSpec("Normal", c.TRAINING_PROGRESSING, now_hung.message))

@@ -15,7 +15,8 @@ closes that loss's recovery (status.lastRecovery), exactly once: status remember
 it describes, so an operator restart does not record it again.
 
 Checkpoint health: the newer `checkpointHealth` field is parsed by policy.checkpoints, which
-also documents it and derives the CheckpointsFailing condition from it.
+also documents it and derives the CheckpointsFailing condition from it. Likewise the newer
+`checkpointFallback` (a resume that skipped a damaged checkpoint) by policy.fallback.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from elastrain_operator.model.status import (
+    CheckpointFallback,
     CheckpointRef,
     Progress,
     TrainingRecovery,
@@ -36,6 +38,7 @@ from elastrain_operator.model.status import (
 )
 from elastrain_operator.policy.checkpoints import parse_checkpoint_health
 from elastrain_operator.policy.failures import WorkerPod, aware_time
+from elastrain_operator.policy.fallback import parse_checkpoint_fallback
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class ProgressReport:
     progress: Progress
     checkpoint: CheckpointRef | None = None
     started_at: datetime | None = None  # when this trainer process (worker group start) began
+    fallback: CheckpointFallback | None = None  # how this start's resume skipped a checkpoint
 
 
 def parse_progress(payload: Any) -> ProgressReport | None:
@@ -63,7 +67,8 @@ def parse_progress(payload: Any) -> ProgressReport | None:
         started_at = _aware(started) if started else None
     except (KeyError, TypeError, ValueError, ValidationError):
         return None
-    return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at)
+    return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at,
+                          fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")))
 
 
 def _aware(text: str) -> datetime:

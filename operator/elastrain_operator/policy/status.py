@@ -4,7 +4,8 @@ Phase: Failed/Succeeded are terminal and sticky. Otherwise Suspended while spec.
 while at least minReplicas workers run; Restarting when a job that was running fell below
 minReplicas; Pending before it first got there. Conditions keep their lastTransitionTime while
 their status does not change. Events are derived by comparing the old and new conditions, so
-every transition is announced once, after the status write that made it.
+every transition is announced once, after the status write that made it; so is each new
+checkpoint fallback (policy.fallback), which leaves CheckpointFallback True.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import worker_selector
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import (
+    CheckpointFallback,
     CheckpointRef,
     Condition,
     ConditionStatus,
@@ -28,6 +30,7 @@ from elastrain_operator.model.status import (
     WorkerSlot,
 )
 from elastrain_operator.policy.checkpoints import checkpoints_condition
+from elastrain_operator.policy.fallback import describe_fallback, fallback_condition
 
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Condition types whose changes are announced as events, in a stable order.
@@ -83,6 +86,7 @@ class Outcome:
     in_backoff: bool = False
     progress: tuple[Progress | None, CheckpointRef | None] = field(default=(None, None))
     last_recovery: TrainingRecovery | None = None  # None: keep the status's
+    fallback: CheckpointFallback | None = None  # a new one this round; None: keep the status's
 
 
 def make_condition(kind: str, status: bool, reason: str, message: str, *,
@@ -196,6 +200,8 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
         put(kind, (True, outcome.terminal[1], outcome.terminal[2]))
     if (checkpoints := checkpoints_condition(*outcome.progress)) is not None:
         put(c.CHECKPOINTS_FAILING, checkpoints)
+    if (fallback := fallback_condition(outcome.fallback or job.status.checkpoint_fallback)):
+        put(c.CHECKPOINT_FALLBACK, fallback)
     return conds
 
 
@@ -225,6 +231,7 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
         "recent_losses": list(acct.losses),
         "recovering_since": None if terminal else acct.recovering_since,
         "last_recovery": outcome.last_recovery or old.last_recovery,
+        "checkpoint_fallback": outcome.fallback or old.checkpoint_fallback,
         "start_time": start,
         "completion_time": old.completion_time or (now if terminal else None),
         "observed_generation": job.metadata.generation,
@@ -249,3 +256,13 @@ def transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> list[Ev
         level = "Warning" if after.reason in WARNING_REASONS else "Normal"
         events.append(EventSpec(level, after.reason, f"{kind}={after.status}: {after.message}"))
     return events
+
+
+def fallback_events(old: TrainingJobStatus, new: TrainingJobStatus) -> list[EventSpec]:
+    """A Warning event when the written status holds a checkpoint fallback the old one did not
+    (policy.fallback): once per fallback, also while CheckpointFallback is already True."""
+    fb = new.checkpoint_fallback
+    if fb is None or fb == old.checkpoint_fallback:
+        return []
+    return [EventSpec("Warning", c.DAMAGED_CHECKPOINT_SKIPPED,
+                      f"{c.CHECKPOINT_FALLBACK}=True: {describe_fallback(fb)}")]
