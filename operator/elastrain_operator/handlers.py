@@ -5,17 +5,19 @@ runs reconcile_if_needed() for the noted jobs on threads of its own:
 - every watch event of a TrainingJob, and of a pod or Service labelled with a job's name, updates
   the in-memory view (k8s.cache); a change the planner can see queues the job as urgent (a
   deleted job's pods are released this way too);
-- a ticker (one kopf daemon per job) queues the job as routine every
+- a ticker (one kopf daemon per live job, tickers.py) queues the job as routine every
   ELASTRAIN_TIMER_INTERVAL_SECONDS (and asks for the trainers' progress every
   ELASTRAIN_PROGRESS_INTERVAL_SECONDS): time-driven steps (backoff,
   deadlines, TTL, the hang watchdog) and anything the watch missed; a tick is dropped at once
   while an earlier check's finding "nothing due until T" still holds (reconcile.needs_round).
-Under peering kopf pauses all of these on the replicas that are not active.
+Under peering kopf pauses all of these on the replicas that are not active. A job's DELETED
+event stops its ticker (kopf would not: tickers.py says why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time
@@ -47,12 +49,16 @@ async def on_job_event(*, type: str | None, body: kopf.Body, namespace: str | No
                        memo: Any, **_: Any) -> None:
     state = _state(memo)
     assert namespace and state.queue
-    key = (namespace, name)
+    key, uid = (namespace, name), str(body.get("metadata", {}).get("uid"))
     if type == "DELETED":
-        state.cache.drop_job(key)
-        state.last_progress_poll.pop(str(body.get("metadata", {}).get("uid")), None)
-    elif not state.cache.put_job(dict(body)):
-        return
+        state.tickers.job_gone(key, uid)
+        state.cache.drop_job(key, uid)
+        state.last_progress_poll.pop(uid, None)
+        state.job_deleted(key, uid)
+    else:
+        state.tickers.job_seen(key, uid)
+        if not state.cache.put_job(dict(body)):
+            return
     state.queue.add(key, urgent=True)
 
 
@@ -85,11 +91,13 @@ async def on_owned_service_event(*, type: str | None, body: kopf.Body, memo: Any
 
 def daemon_without_finalizer(fn: Any) -> Any:
     """@kopf.daemon on TrainingJobs, minus the finalizer kopf puts on every object a daemon runs
-    for (so that the daemon stops before the object goes). Ours only queues checks, and kopf
-    stops it on the DELETED event anyway; the finalizer cost a PATCH (and a watch event) per
-    job created and another per job deleted, held every deletion while no operator ran, and
-    made the TTL's own deletion wait for the daemon to exit. kopf has no switch for it, so the
-    handler kopf.daemon builds is registered with requires_finalizer=False instead."""
+    for (so that the daemon stops before the object goes). Ours only queues checks; the
+    finalizer cost a PATCH (and a watch event) per job created and another per job deleted,
+    held every deletion while no operator ran, and made the TTL's own deletion wait for the
+    daemon to exit. kopf has no switch for it, so the handler kopf.daemon builds is registered
+    with requires_finalizer=False instead (kopf's private `_spawning`: the registry has no
+    public way to add a built handler). Without the finalizer kopf never sees the deletion
+    coming and does not stop the daemon: the job's DELETED event does (tickers.py)."""
     scratch = kopf.OperatorRegistry()
     # cancellation_timeout: kopf cancels the daemon's task at once when it stops it.
     kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=1.0, registry=scratch)(fn)
@@ -102,18 +110,30 @@ def daemon_without_finalizer(fn: Any) -> Any:
 @daemon_without_finalizer
 async def job_ticker(*, namespace: str | None, name: str, uid: str, memo: Any,
                      stopped: kopf.DaemonStopped, **_: Any) -> None:
-    """One per job, for as long as kopf runs handlers for it (kopf cancels it when the job goes
-    and while peering pauses this replica). A daemon rather than a kopf timer: a timer's tick
-    goes through kopf's handler machinery (~2/3 of the idle operator's CPU at 1000 jobs, seen
-    with py-spy), this loop's is one asyncio sleep (not stopped.wait(), which starts and
-    cancels a task per tick). Ticks start at a random phase so that 1000 jobs created at once
-    do not tick together."""
+    """One per live job (tickers.py), for as long as kopf runs handlers for it: it returns on
+    the job's DELETED event, and kopf cancels it while peering pauses this replica and when
+    the operator exits. A daemon rather than a kopf timer: a timer's tick goes through kopf's
+    handler machinery (~2/3 of the idle operator's CPU at 1000 jobs, seen with py-spy), this
+    loop's is one timed wait in this task (not stopped.wait(), which starts and cancels a task
+    per tick). Ticks start at a random phase so that 1000 jobs created at once do not tick
+    together."""
     state = _state(memo)
     key = (namespace or "", name)
-    await asyncio.sleep(random.uniform(0, TIMER_INTERVAL_SECONDS))
-    while not stopped:
-        tick(state, key, uid)
-        await asyncio.sleep(TIMER_INTERVAL_SECONDS)
+    stop = state.tickers.start(key, uid)
+    if stop is None:
+        return  # the job is gone already (created and deleted before kopf spawned this)
+    try:
+        delay = random.uniform(0, TIMER_INTERVAL_SECONDS)
+        while not stopped:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await stop.wait()
+            if stop.is_set():
+                return
+            tick(state, key, uid)
+            delay = TIMER_INTERVAL_SECONDS
+    finally:
+        state.tickers.finished(key, uid)
 
 
 def tick(state: OperatorState, key: tuple[str, str], uid: str) -> None:

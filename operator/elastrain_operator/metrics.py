@@ -12,6 +12,8 @@ elastrain_operator_preemptions_total                 counter, workers lost to pr
 elastrain_operator_recovery_seconds                  histogram, worker lost -> full size again
 elastrain_operator_training_recovery_seconds         histogram, worker lost -> first training
                                                      step after the resume
+elastrain_operator_tickers                           gauge, per-job tickers running (one per
+                                                     live job; 0 on a paused replica)
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ _training_recovery = Histogram(
     "From a worker's loss to the first training step after the resume",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800), registry=REGISTRY)
 
+_tickers = Gauge(f"{PREFIX}tickers", "Per-job tickers running (one per live job)",
+                 registry=REGISTRY)
+
 _phase_lock = threading.Lock()
 # job uid -> (phase, desired, ready): totals over jobs without listing them on every scrape.
 _jobs_seen: dict[str, tuple[str, int, int]] = {}
@@ -85,6 +90,10 @@ def record_recovery(seconds: float) -> None:
 
 def record_training_recovery(seconds: float) -> None:
     _training_recovery.observe(seconds)
+
+
+def record_tickers(count: int) -> None:
+    _tickers.set(count)
 
 
 def record_job(uid: str, phase: str | None, *, desired: int = 0, ready: int = 0) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from elastrain_operator import metrics
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
 from elastrain_operator.reconcile import Options, reconcile_if_needed
+from elastrain_operator.tickers import Tickers
 from elastrain_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -60,12 +62,28 @@ class OperatorState:
     kube: Kube | None = None
     cache: Cache = field(default_factory=Cache)
     queue: WorkQueue | None = None
+    tickers: Tickers = field(default_factory=Tickers)
     last_progress_poll: dict[str, float] = field(default_factory=dict)
+    _deleted: dict[Key, set[str]] = field(default_factory=dict)  # key -> uids of deleted jobs
+    _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def job_deleted(self, key: Key, uid: str) -> None:
+        """The watch saw the job go: the metrics forget it after the key's next round."""
+        with self._deleted_lock:
+            self._deleted.setdefault(key, set()).add(uid)
 
     def handle(self, key: Key, poll: bool) -> None:
         """What a queue thread runs for one job."""
         assert self.kube is not None
-        reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache))
+        try:
+            reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache))
+        finally:
+            # Here rather than on the DELETED event: a round of the job in flight then would
+            # record it again after. Rounds of one key never overlap, and the event queues one.
+            with self._deleted_lock:
+                deleted = self._deleted.pop(key, set())
+            for uid in deleted:
+                metrics.record_job(uid, None)
 
 
 def _ensure_peering(kube: Kube, options: RuntimeOptions) -> None:
@@ -112,8 +130,9 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.stealth = True
     settings.peering.lifetime = options.peering_lifetime_seconds
     settings.execution.max_workers = 4  # kopf's own threads: our handlers are async
-    # A deleted job's ticker is stopped by kopf, which re-checks whether it has exited only
-    # every cancellation_polling seconds (60 by default).
+    # A job deleted while something holds it (foreground deletion, another finalizer) shows a
+    # deletionTimestamp, and kopf stops its ticker, re-checking whether it has exited only
+    # every cancellation_polling seconds (60 by default). Any other deletion: tickers.py.
     settings.background.cancellation_polling = 1.0
     state.kube = Kube(load_api_client(pool_size=WORKERS + 4))
     state.queue = WorkQueue(state.handle, workers=WORKERS, retry_seconds=HANDLER_BACKOFF_SECONDS)

@@ -162,8 +162,15 @@ class Cache:
             self._bump(key)
         return True
 
-    def drop_job(self, key: Key) -> None:
+    def drop_job(self, key: Key, uid: str | None = None) -> None:
+        """The job `uid` (None: any) was deleted. kopf handles each uid's events in order but
+        different uids' concurrently: a job re-created under the same name may be here already,
+        and stays."""
         with self._lock:
+            known = self._jobs.get(key)
+            if known is not None and uid is not None \
+                    and known.raw["metadata"].get("uid") != uid:
+                return
             self._jobs.pop(key, None)
             # Bumped, not forgotten: a check still in flight for the deleted job must not
             # match a job re-created under the same name.
