@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-uri", default=None,
                      help="override spec.checkpoint.uri (e.g. s3://bucket/prefix)")
     run.add_argument("--fresh", action="store_true",
-                     help="start over: delete this job's earlier local outputs and checkpoints")
+                     help="start over from step 0: delete this job's earlier local outputs and "
+                          "file:// checkpoints; remote ones are kept and not resumed")
 
     validate = sub.add_parser("validate", help="check a TrainingJob YAML offline")
     validate.add_argument("job")

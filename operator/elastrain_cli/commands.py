@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,9 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
     env["ELASTRAIN_CHECKPOINT_URI"] = _absolute_file_uri(uri or f"file://{out_dir}/checkpoints")
     if fresh:
         _clear_previous_run(out_dir, env["ELASTRAIN_CHECKPOINT_URI"])
+        # Remote checkpoints stay: this run starts from step 0 and resumes only its own.
+        env["ELASTRAIN_CHECKPOINT_RESUME"] = "never"
+        env["ELASTRAIN_RUN_ID"] = f"local-{uuid.uuid4().hex[:12]}"
     count = workers or spec.replicas
     if not spec.min_replicas <= count <= spec.effective_max_replicas:
         raise UserError(f"--workers {count} is outside [spec.minReplicas, spec.maxReplicas]")
@@ -134,7 +138,8 @@ def _job_dir(origin: str) -> Path:
 
 
 def _clear_previous_run(out_dir: Path, checkpoint_uri: str) -> None:
-    """--fresh: forget an earlier run's outputs and its local checkpoints (never S3 ones)."""
+    """--fresh: forget an earlier run's outputs and its local checkpoints (never remote ones:
+    the run ignores those instead, as spec.checkpoint.resume: Never does)."""
     import shutil
 
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -174,6 +174,8 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("endpoint-scheme", set_path("checkpoint", {**S3, "endpoint": "minio:9000"}),
      [rule("spec.checkpoint.endpoint",
            "spec.checkpoint.endpoint must be an http:// or https:// URL", "string")]),
+    ("resume-unknown", set_path("checkpoint", {**S3, "resume": "Always"}),
+     [unsupported("spec.checkpoint.resume", "Always", "Latest", "Never")]),
     ("keep-zero", set_path("checkpoint", {**S3, "keep": 0}),
      [bound("spec.checkpoint.keep", 0, "be greater than or equal to 1")]),
     ("interval-negative", set_path("checkpoint", {**S3, "intervalSeconds": -1}),

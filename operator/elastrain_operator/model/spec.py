@@ -200,6 +200,12 @@ class CheckpointSpec(ApiModel):
     interval_seconds: int = Field(default=600, ge=0, le=604_800)
     keep: int = Field(default=3, ge=1, le=1000)
     async_: bool = Field(default=True, alias="async")
+    resume: Literal["Latest", "Never"] = Field(
+        default="Latest",
+        description="Latest: resume from the newest committed checkpoint at the uri (a damaged "
+                    "one is skipped and reported, a failing store is waited for). Never: start "
+                    "from step 0 and, after a restart, resume only checkpoints this job wrote; "
+                    "older ones stay until retention deletes them.")
 
     @model_validator(mode="after")
     def _uri_shape(self) -> CheckpointSpec:

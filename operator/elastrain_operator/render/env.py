@@ -82,6 +82,8 @@ def render_trainer_env(spec: TrainingJobSpec, job_name: str) -> dict[str, str]:
         env["ELASTRAIN_CHECKPOINT_INTERVAL_SECONDS"] = _text(ckpt.interval_seconds)
         env["ELASTRAIN_CHECKPOINT_KEEP"] = _text(ckpt.keep)
         env["ELASTRAIN_CHECKPOINT_ASYNC"] = _text(ckpt.async_)
+        if ckpt.resume != "Latest":  # the trainer's default: existing jobs' pods stay the same
+            env["ELASTRAIN_CHECKPOINT_RESUME"] = ckpt.resume.lower()
     env["ELASTRAIN_METRICS_PORT"] = _text(spec.metrics_port)
     return env
 

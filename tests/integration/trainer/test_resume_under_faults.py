@@ -155,9 +155,9 @@ def test_resume_through_resets_waits_for_the_store_and_loads_the_newest(
     switch_after_first(proxy, "resets", 40, Fault())
     second = Run({**env, "ELASTRAIN_STEPS": "16"}, nproc=2)
     assert second.finish() == 0, second.output[-3000:]
+    assert_resumed_from_newest(second, 12)
     assert proxy.stats["resets"] > 0
     assert second.events("checkpoint_read_failed"), "the load never met the fault"
-    assert_resumed_from_newest(second, 12)
     assert second.events("checkpoint_store_recovered")
     assert [r["step"] for r in second.events("step")] == [13, 14, 15, 16]
     # Every rank loaded step 12: a rank that started elsewhere would have trained other steps
@@ -197,9 +197,9 @@ def test_four_workers_resume_at_once_through_slowdowns(
     switch_after_first(proxy, "slowdowns", 15, Fault(slowdown_every=2, path=r"step-0"))
     run = Run({**env, "ELASTRAIN_STEPS": "12"}, nproc=4)
     assert run.finish() == 0, run.output[-3000:]
+    assert_resumed_from_newest(run, 8)
     assert proxy.stats["slowdowns"] > 0
     assert run.events("checkpoint_read_failed")
-    assert_resumed_from_newest(run, 8)
     assert {r["world_size"] for r in run.events("step")} == {4}
     assert [r["step"] for r in run.events("step")] == [9, 10, 11, 12]
 

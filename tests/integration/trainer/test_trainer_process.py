@@ -156,3 +156,24 @@ def test_a_run_whose_final_checkpoint_fails_does_not_finish(
     assert "FinalCheckpointError: the final checkpoint (step 12) was not committed" in stderr
     assert storage.read(mf.LATEST) == b"step-00000008"
     storage.delete(storage.list())
+
+
+def test_a_run_told_to_start_over_keeps_the_old_work_and_resumes_its_own(
+        tmp_path: Path) -> None:
+    env = trainer_env(tmp_path, steps="8", checkpoint_interval_steps="4", checkpoint_keep="5",
+                      checkpoint_async="0")
+    run_trainer(env)  # commits 4 and 8
+    old = {p: p.read_bytes() for p in (tmp_path / "ckpt").rglob("*") if p.is_file()
+           and p.name != "latest"}
+    fresh = {**env, "ELASTRAIN_CHECKPOINT_RESUME": "never", "ELASTRAIN_RUN_ID": "run-2",
+             "ELASTRAIN_STEPS": "4"}
+    _, first = run_trainer(fresh)
+    assert [r["event"] for r in first if r["event"] in ("resumed", "fresh_start")] == [
+        "fresh_start"]
+    # Its step 4 went beside the old one; nothing old was touched.
+    assert all(p.read_bytes() == data for p, data in old.items())
+    assert (tmp_path / "ckpt" / "step-00000004.2" / "COMMITTED").exists()
+    # Restarted, it resumes its own step 4, not the older run's 8.
+    _, second = run_trainer({**fresh, "ELASTRAIN_STEPS": "6"})
+    resumed = next(r for r in second if r["event"] == "resumed")
+    assert resumed["step"] == 4 and resumed["uri"].endswith("step-00000004.2")

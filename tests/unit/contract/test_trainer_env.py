@@ -16,7 +16,7 @@ TRAINER = {"model": "gpt-small", "dataset": "text", "steps": 777, "seqLen": 96,
            "precision": "bf16", "activationCheckpointing": True, "cpuOffload": True,
            "maxGradNorm": 0.5, "spikeFactor": 4.0, "seed": 99}
 CHECKPOINT = {"uri": "s3://bucket/run-7", "endpoint": "http://minio:9000", "intervalSteps": 25,
-              "intervalSeconds": 120, "keep": 7, "async": False}
+              "intervalSeconds": 120, "keep": 7, "async": False, "resume": "Never"}
 
 
 def test_every_trainer_and_checkpoint_field_reaches_the_trainer() -> None:
@@ -33,6 +33,7 @@ def test_every_trainer_and_checkpoint_field_reaches_the_trainer() -> None:
     assert config.checkpoint_interval_steps == ckpt.interval_steps
     assert config.checkpoint_interval_seconds == ckpt.interval_seconds
     assert (config.checkpoint_keep, config.checkpoint_async) == (ckpt.keep, ckpt.async_)
+    assert config.checkpoint_resume == "never"
 
 
 def test_spec_defaults_match_the_trainer_defaults() -> None:

@@ -35,7 +35,7 @@ def test_camel_case_round_trip() -> None:
     assert dumped["trainer"]["globalBatchSize"] == 16
     assert dumped["checkpoint"] == {
         "uri": "s3://bucket/run", "intervalSteps": 50, "intervalSeconds": 600, "keep": 3,
-        "async": False}
+        "async": False, "resume": "Latest"}
     assert dumped["restartPolicy"]["maxPreemptions"] == 7
     assert TrainingJobSpec.model_validate(dumped) == s
 

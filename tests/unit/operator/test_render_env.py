@@ -112,3 +112,10 @@ def test_a_token_file_dataset_passes_through_with_its_format_and_vocabulary() ->
                                            "datasetFormat": "llmc", "vocabSize": 50304}), "j")
     assert (env["ELASTRAIN_DATASET"], env["ELASTRAIN_DATASET_FORMAT"],
             env["ELASTRAIN_VOCAB_SIZE"]) == ("s3://corpus/fineweb/train_000.bin", "llmc", "50304")
+
+
+def test_checkpoint_resume_never_reaches_the_trainer_and_latest_renders_nothing() -> None:
+    never = render_trainer_env(spec(checkpoint={"uri": "s3://bucket/p", "resume": "Never"}), "j")
+    assert never["ELASTRAIN_CHECKPOINT_RESUME"] == "never"
+    latest = render_trainer_env(spec(checkpoint={"uri": "s3://bucket/p"}), "j")
+    assert "ELASTRAIN_CHECKPOINT_RESUME" not in latest  # the trainer's default
