@@ -225,3 +225,43 @@ def test_a_store_down_at_start_is_waited_for_and_training_starts_when_it_is_back
     (ok,) = trainer.events("checkpoint_location_ok")
     assert ok["attempts"] > 1
     assert len(cluster.events("CheckpointSaveFailed")) == 1
+
+
+def test_a_resume_past_a_damaged_checkpoint_is_told_on_the_job(
+        cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
+    """The real trainer (not a stand-in): checkpoint 12 is damaged on disk, the resume falls
+    back to 8, and the job says so: condition, status (steps lost), one Warning event."""
+    ckpt = tmp_path / "ckpt"
+    first = trainer_env(tmp_path, steps="12", checkpoint_interval_steps="4",
+                        checkpoint_async="0")
+    done = subprocess.run([sys.executable, "-m", "elastrain_trainer"], env=subprocess_env(first),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shard = next((ckpt / "step-00000012").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    port = free_port()
+    start_job(cluster, port)
+    trainer = Trainer({**first, "ELASTRAIN_STEPS": "100000", "ELASTRAIN_METRICS_PORT": str(port),
+                       "ELASTRAIN_STEP_SLEEP_SECONDS": "0.1"}, tmp_path / "trainer.err")
+    try:
+        cond = wait_for("CheckpointFallback=True", lambda: (
+            c if (c := cluster.condition("CheckpointFallback")).get("status") == "True"
+            else None), timeout=90)
+        status = cluster.status()["checkpointFallback"]
+        (event,) = wait_for("the Warning event",
+                            lambda: cluster.events("DamagedCheckpointSkipped"))
+        # More polls (the operator keeps reading the same report): still one event.
+        polled_at = cluster.status()["progress"]["step"]
+        wait_for("more polls", lambda: cluster.status()["progress"]["step"] >= polled_at + 20,
+                 timeout=60)
+        assert len(cluster.events("DamagedCheckpointSkipped")) == 1
+    finally:
+        trainer.stop()
+    assert (status["skippedStep"], status["loadedStep"], status["stepsLost"]) == (12, 8, 4)
+    assert status["quarantined"] is True and "sha256" in status["reason"]
+    assert status["skippedUri"] == f"file://{ckpt}/step-00000012"
+    assert "step 12" in cond["message"] and "4 step(s) lost" in cond["message"]
+    assert event["type"] == "Warning" and "step 12" in event["message"]
+    assert (ckpt / "step-00000012" / "QUARANTINED").exists()
