@@ -4,6 +4,7 @@ directories never overwritten, retention in commit order, `latest` always valid.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -210,3 +211,21 @@ def test_a_run_told_to_start_over_resumes_only_its_own_commits(
     assert loaded is not None and loaded.uri.endswith("step-00000004.2")
     assert torch.equal(state["model"]["w"], make_state(54)["model"]["w"])
     assert cat.resume_candidates(scan(storage))[0].dir == "step-00000004.2"
+
+
+def test_checkpoints_written_before_commit_order_still_load_and_order_by_step(
+        storage: CheckpointStorage) -> None:
+    save_steps(CheckpointManager(storage, keep=5, async_save=False), 4, 8)
+    for step in (4, 8):  # the marker as earlier versions wrote it: no sequence, no run
+        d = mf.step_dir(step)
+        manifest = storage.read(f"{d}/{mf.MANIFEST}")
+        storage.write(f"{d}/{mf.COMMIT_MARKER}", json.dumps(
+            {"step": step, "manifest_sha256": mf.digest(manifest).sha256}).encode())
+    manager = CheckpointManager(storage, keep=5, async_save=False)
+    state = empty_state()
+    loaded = manager.load(state)
+    assert loaded is not None and loaded.step == 8 and manager.skipped == []
+    assert torch.equal(state["model"]["w"], make_state(8)["model"]["w"])
+    # A new commit comes after every old one, whatever its step.
+    save_steps(manager, 6)
+    assert [c.step for c in cat.resume_candidates(scan(storage))] == [6, 8, 4]
