@@ -1,4 +1,4 @@
-"""Builders for token files in both formats the trainer reads (used by unit and integration
+"""Builders for token files in every layout the trainer reads (used by unit and integration
 tests and the bench)."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-LLMC_MAGIC = 20240520
+# llm.c's writer (dev/data/data_common.py, HEADERS_INFO): layout -> (magic, version, tokens)
+LLMC_LAYOUTS = {"gpt-2": (20240520, 1, "<u2"), "llama-3": (20240801, 7, "<u4")}
+LLMC_MAGIC = LLMC_LAYOUTS["gpt-2"][0]
 
 
 def nanogpt_bytes(tokens: np.ndarray) -> bytes:
@@ -15,12 +17,16 @@ def nanogpt_bytes(tokens: np.ndarray) -> bytes:
     return np.asarray(tokens, dtype="<u2").tobytes()
 
 
-def llmc_bytes(tokens: np.ndarray, version: int = 1, *, magic: int = LLMC_MAGIC,
-               declared: int | None = None) -> bytes:
-    """llm.c's shard: 256 x int32 header (magic, version, count), then uint16 (v1) / uint32 (v2)."""
+def llmc_bytes(tokens: np.ndarray, layout: str = "gpt-2", *, magic: int | None = None,
+               version: int | None = None, declared: int | None = None) -> bytes:
+    """A file as llm.c's write_datafile writes it: 256 x int32 header (magic, version, token
+    count, zeros), then the tokens (gpt-2: uint16, llama-3: uint32). magic, version and declared
+    override the header's fields (broken files)."""
+    good_magic, good_version, dtype = LLMC_LAYOUTS[layout]
     header = np.zeros(256, dtype="<i4")
-    header[:3] = magic, version, len(tokens) if declared is None else declared
-    dtype = "<u2" if version == 1 else "<u4"
+    header[:3] = (good_magic if magic is None else magic,
+                  good_version if version is None else version,
+                  len(tokens) if declared is None else declared)
     return header.tobytes() + np.asarray(tokens, dtype=dtype).tobytes()
 
 

@@ -11,7 +11,11 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from elastrain_operator.model.spec import BYTE_VOCAB_MESSAGE, DATASET_MESSAGE
+from elastrain_operator.model.spec import (
+    BYTE_VOCAB_MESSAGE,
+    DATASET_MESSAGE,
+    VALIDATION_DATASET_MESSAGE,
+)
 from tests.integration.conftest import kubectl
 from tests.unit.operator.builders import make_job_manifest
 
@@ -155,6 +159,16 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [rule("spec.trainer.dataset", DATASET_MESSAGE, "string")]),
     ("dataset-no-key", set_path("trainer.dataset", "s3://corpus"),
      [rule("spec.trainer.dataset", DATASET_MESSAGE, "string")]),
+    ("dataset-list-with-builtin", set_path("trainer.dataset", "s3://corpus/a_*.bin,text"),
+     [rule("spec.trainer.dataset", DATASET_MESSAGE, "string")]),
+    ("validation-dataset-builtin", set_path("trainer.validation", {"dataset": "text"}),
+     [rule("spec.trainer.validation.dataset", VALIDATION_DATASET_MESSAGE, "string")]),
+    ("validation-interval-zero", set_path("trainer.validation", {
+        "dataset": "s3://corpus/val_*.bin", "intervalSteps": 0}),
+     [bound("spec.trainer.validation.intervalSteps", 0, "be greater than or equal to 1")]),
+    ("validation-batches-zero", set_path("trainer.validation", {
+        "dataset": "file:///data/val.bin", "batches": 0}),
+     [bound("spec.trainer.validation.batches", 0, "be greater than or equal to 1")]),
     ("dataset-format", set_path("trainer.datasetFormat", "parquet"),
      [unsupported("spec.trainer.datasetFormat", "parquet", "nanogpt", "llmc")]),
     ("vocab-size-one", both(set_path("trainer.dataset", "s3://corpus/train.bin"),
@@ -293,7 +307,11 @@ def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str)
         resources={"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": 8}},
         trainer={"model": "gpt-100m", "precision": "bf16", "cpuOffload": True,
                  "activationCheckpointing": True, "lrSchedule": "wsd", "globalBatchSize": 64,
-                 "microBatchSize": 4, "spikeFactor": 3.0},
+                 "microBatchSize": 4, "spikeFactor": 3.0,
+                 "dataset": "s3://corpus/fineweb10B/fineweb_train_*.bin, s3://corpus/extra.bin",
+                 "datasetFormat": "llmc", "vocabSize": 50304,
+                 "validation": {"dataset": "s3://corpus/fineweb10B/fineweb_val_*.bin",
+                                "intervalSteps": 250, "batches": 20}},
         checkpoint={"uri": "s3://ckpts/run-1", "endpoint": "http://minio:9000",
                     "credentialsSecret": {"name": "s3-creds"}, "intervalSteps": 100,
                     "keep": 5, "async": True},
@@ -310,6 +328,7 @@ def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str)
     assert stored["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert stored["template"]["affinity"] == {"nodeAffinity": {}}
     assert stored["checkpoint"]["intervalSeconds"] == 600  # default inside a given block
+    assert stored["trainer"]["validation"]["batches"] == 20
 
 
 @pytest.mark.parametrize("uri", ["gs://my_bucket.example/runs/1", "az://ckpts/runs/1",

@@ -15,7 +15,8 @@ from typing import Any
 
 STRATEGIES = ("ddp", "fsdp")
 MODELS = ("gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b")
-DATASETS = ("synthetic", "text")  # built in; anything else is a token file's file:// or s3:// URI
+# Built in; anything else names token files: file:// or s3:// URIs, globs, comma-separated.
+DATASETS = ("synthetic", "text")
 DATASET_FORMATS = ("nanogpt", "llmc")
 BYTE_VOCAB_SIZE = 256  # the built-in datasets are bytes
 SCHEDULES = ("cosine", "wsd")
@@ -41,13 +42,18 @@ class TrainerConfig:
     strategy: str = "ddp"
     model: str = "gpt-tiny"
     dataset: str = "synthetic"
-    # Token files: nanogpt (headerless uint16) or llmc (header; uint16 or uint32 tokens).
+    # Token files: nanogpt (headerless uint16) or llmc (llm.c's gpt-2 uint16 or llama-3 uint32).
     dataset_format: str = "nanogpt"
     # The model's vocabulary; must exceed every token id of the dataset.
     vocab_size: int = BYTE_VOCAB_SIZE
     # Not part of the operator contract: a remote token file's sample cache and read-ahead.
     dataset_cache_bytes: int = 256 << 20
     dataset_prefetch_steps: int = 2
+    # A validation split (token files, same forms and format as dataset; "" for none): the mean
+    # loss over `batches` global batches of it, every `interval_steps` steps and after the last.
+    validation_dataset: str = ""
+    validation_interval_steps: int = 100
+    validation_batches: int = 10
     steps: int = 100
     seq_len: int = 128
     global_batch_size: int = 8
@@ -92,9 +98,14 @@ class TrainerConfig:
         _check_choice("checkpoint_resume", self.checkpoint_resume, RESUME_MODES)
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("model", self.model, MODELS)
-        _check("dataset", self.dataset in DATASETS or is_token_file_uri(self.dataset),
+        _check("dataset", self.dataset in DATASETS or is_token_files(self.dataset),
                f"={self.dataset!r} must be one of {', '.join(DATASETS)} or the URI of a token "
-               "file (file://path or s3://bucket/key)")
+               "file (file://path or s3://bucket/key), a glob of them, or a comma-separated "
+               "list of those")
+        _check("validation_dataset",
+               not self.validation_dataset or is_token_files(self.validation_dataset),
+               f"={self.validation_dataset!r} must be empty (no validation) or token files: "
+               "file://path or s3://bucket/key, globs, comma-separated")
         _check_choice("dataset_format", self.dataset_format, DATASET_FORMATS)
         _check("vocab_size", self.vocab_size >= 2, "must be >= 2")
         _check("vocab_size", self.dataset not in DATASETS or self.vocab_size >= BYTE_VOCAB_SIZE,
@@ -102,7 +113,7 @@ class TrainerConfig:
         _check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         for name in ("steps", "seq_len", "global_batch_size", "micro_batch_size",
-                     "checkpoint_keep"):
+                     "checkpoint_keep", "validation_interval_steps", "validation_batches"):
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("warmup_steps", "checkpoint_interval_steps", "checkpoint_interval_seconds",
                      "checkpoint_wait_seconds", "dataset_cache_bytes", "dataset_prefetch_steps",
@@ -145,6 +156,12 @@ class TrainerConfig:
             value = getattr(self, f.name)
             out[env_name(f.name)] = str(int(value)) if isinstance(value, bool) else str(value)
         return out
+
+
+def is_token_files(value: str) -> bool:
+    """A comma-separated list of token file URIs or globs (at least one)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    return bool(parts) and all(is_token_file_uri(p) for p in parts)
 
 
 def is_token_file_uri(uri: str) -> bool:

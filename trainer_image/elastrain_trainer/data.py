@@ -5,8 +5,9 @@ indices [samples_seen, samples_seen + global_batch), so a resumed run (at any wo
 sees exactly the samples an uninterrupted run would have seen; the data position saved
 in a checkpoint is just `samples_seen`.
 
-ELASTRAIN_DATASET is `synthetic`, `text` (both bytes, vocabulary 256) or the URI of a token file
-(file:// or s3://, format ELASTRAIN_DATASET_FORMAT; see elastrain_trainer.tokenfiles).
+ELASTRAIN_DATASET is `synthetic`, `text` (both bytes, vocabulary 256) or token files (file:// or
+s3:// URIs or globs, comma-separated; format ELASTRAIN_DATASET_FORMAT; see
+elastrain_trainer.tokenfiles). ELASTRAIN_VALIDATION_DATASET names a validation split the same way.
 """
 
 from __future__ import annotations
@@ -115,9 +116,19 @@ def build_dataset(cfg: TrainerConfig) -> Dataset:
         return SyntheticDataset(cfg.seq_len, cfg.seed)
     if cfg.dataset == "text":
         return TextDataset(cfg.seq_len, cfg.seed)
+    return _token_files(cfg, cfg.dataset)
+
+
+def build_validation_dataset(cfg: TrainerConfig) -> Dataset | None:
+    """The validation split cfg names (None for none), opened and validated like the training
+    set. Its order is seeded too: every evaluation reads the same samples."""
+    return _token_files(cfg, cfg.validation_dataset) if cfg.validation_dataset else None
+
+
+def _token_files(cfg: TrainerConfig, uris: str) -> Dataset:
     from elastrain_trainer.tokenfiles import open_token_dataset
     return open_token_dataset(
-        cfg.dataset, cfg.dataset_format, seq_len=cfg.seq_len, seed=cfg.seed,
+        uris, cfg.dataset_format, seq_len=cfg.seq_len, seed=cfg.seed,
         vocab_size=cfg.vocab_size, global_batch_size=cfg.global_batch_size,
         endpoint=cfg.checkpoint_endpoint, cache_bytes=cfg.dataset_cache_bytes,
         prefetch_steps=cfg.dataset_prefetch_steps)

@@ -41,6 +41,11 @@ RESTARTS = Counter(_P + "restarts", "Worker-group restarts seen by torchrun on t
 GOODPUT = Gauge(_P + "goodput_ratio",
                 "Share of this process's wall time spent in training steps", registry=REGISTRY)
 LOSS = Gauge(_P + "loss", "Loss of the last step (mean over ranks)", registry=REGISTRY)
+VALIDATION_LOSS = Gauge(_P + "validation_loss",
+                        "Mean loss on the validation split at its latest evaluation",
+                        registry=REGISTRY)
+VALIDATION_STEP = Gauge(_P + "validation_step", "The step of the latest validation loss",
+                        registry=REGISTRY)
 # A timestamp rather than an age: Prometheus computes the age (time() - ...) at query time.
 LAST_CHECKPOINT_TIME = Gauge(_P + "last_checkpoint_timestamp_seconds",
                              "Unix time of the newest committed checkpoint", registry=REGISTRY)
@@ -85,6 +90,9 @@ class _Progress:
     # This start's resume skipped a damaged checkpoint (None: it did not); the operator's
     # CheckpointFallback condition and Warning event.
     checkpoint_fallback: dict[str, Any] | None = None
+    # The latest validation loss and its step (None: no validation split, or not evaluated yet).
+    validation_loss: float | None = None
+    validation_step: int | None = None
 
 
 _progress = _Progress()
@@ -116,6 +124,14 @@ def record_step(step: int, loss: float, duration_s: float, tokens: int) -> None:
         if _progress.training_since is None:
             # The operator measures a loss's recovery up to here: training really runs again.
             _progress.training_since = _progress.last_step_time
+
+
+def record_validation(step: int, loss: float) -> None:
+    """The validation split's mean loss (over every rank's share) after `step`."""
+    VALIDATION_LOSS.set(loss)
+    VALIDATION_STEP.set(step)
+    with _lock:
+        _progress.validation_loss, _progress.validation_step = loss, step
 
 
 def record_memory_estimate(total_bytes: int) -> None:
@@ -233,7 +249,16 @@ def _document() -> dict[str, Any]:
             "lastStepTime": _progress.last_step_time,
             "checkpointHealth": health,
             "checkpointFallback": _progress.checkpoint_fallback,
+            "validation": _validation(),
             "memory": _memory()}
+
+
+def _validation() -> dict[str, Any] | None:
+    """The "validation" field of /progress ({"step", "loss"}); the caller holds _lock."""
+    loss = _progress.validation_loss
+    if _progress.validation_step is None or loss is None or loss != loss:  # NaN is not JSON
+        return None
+    return {"step": _progress.validation_step, "loss": loss}
 
 
 def _memory() -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""Summaries of a run from its JSON log records: steps lost, restarts, loss curve plot."""
+"""Summaries of a run from its JSON log records: steps lost, restarts, train and validation loss
+curves and their plot."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class RunSummary:
     # Rank 0's peak memory, from its step records (estimate.measure_peak: resident set on CPU,
     # max allocated on CUDA); None for a run whose records carry none.
     peak_memory_bytes: int | None = None
+    # The validation split's loss at the newest step evaluated (None: no validation).
+    final_validation_loss: float | None = None
+    validation_step: int | None = None
 
 
 def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
@@ -49,13 +53,17 @@ def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
     saved = {r["step"] for r in ordered if r["event"] == "checkpoint_saved"}
     peaks = [int(r["peak_memory"]) for r in ordered
              if r["event"] == "step" and r.get("peak_memory") is not None]
+    validation = validation_curve(records)
+    last_val = max(validation, default=None)
     return RunSummary(
         finished=any(r["event"] == "finished" for r in ordered), final_step=max_step,
         final_loss=final_loss, resumes=sum(r["event"] == "resumed" for r in ordered),
         steps_lost=sum(lost), lost_per_resume=lost,
         world_sizes=worlds, checkpoints_saved=len(saved),
         checkpoints_failed=sum(r["event"] == "checkpoint_failed" for r in ordered),
-        wall_s=round(wall_s, 2), peak_memory_bytes=max(peaks, default=None))
+        wall_s=round(wall_s, 2), peak_memory_bytes=max(peaks, default=None),
+        final_validation_loss=None if last_val is None else validation[last_val],
+        validation_step=last_val)
 
 
 def loss_curve(records: list[Record]) -> dict[int, float]:
@@ -64,9 +72,18 @@ def loss_curve(records: list[Record]) -> dict[int, float]:
     return {int(r["step"]): float(r["loss"]) for r in ordered if r["event"] == "step"}
 
 
+def validation_curve(records: list[Record]) -> dict[int, float]:
+    """step -> validation loss, for the steps that evaluated the validation split."""
+    ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
+    return {int(r["step"]): float(r["val_loss"]) for r in ordered
+            if r["event"] == "step" and r.get("val_loss") is not None}
+
+
 def plot_loss(records: list[Record], path: Path) -> Path | None:
-    """Loss vs step, with world-size changes marked; None when there is nothing to plot."""
+    """Train (and validation) loss vs step, with world-size changes marked; None when there is
+    nothing to plot."""
     curve = loss_curve(records)
+    validation = validation_curve(records)
     if not curve:
         return None
     import matplotlib
@@ -76,7 +93,12 @@ def plot_loss(records: list[Record], path: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = sorted(curve)
-    ax.plot(steps, [curve[s] for s in steps], lw=1.2, label="loss")
+    ax.plot(steps, [curve[s] for s in steps], lw=1.2, label="train loss")
+    if validation:
+        at = sorted(validation)
+        ax.plot(at, [validation[s] for s in at], "o-", lw=1.2, ms=3, color="tab:orange",
+                label="validation loss")
+        ax.legend(loc="upper right")
     for r in records:
         if r["event"] == "resumed":
             ax.axvline(int(r["step"]), color="tab:red", ls="--", lw=0.8)
@@ -104,6 +126,8 @@ def write_summary(summary: RunSummary, exit_codes: dict[str, int | None], out_di
              f"checkpoints saved: {summary.checkpoints_saved}  failed: "
              f"{summary.checkpoints_failed}  wall: {summary.wall_s} s",
              f"peak memory (rank 0): {_gib(summary.peak_memory_bytes)}",
+             f"validation loss: {summary.final_validation_loss} (step "
+             f"{summary.validation_step})",
              f"agent exit codes: {exit_codes}"]
     (out_dir / "summary.txt").write_text("\n".join(lines) + "\n")
 

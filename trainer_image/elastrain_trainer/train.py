@@ -19,7 +19,13 @@ import torch.distributed as dist
 from elastrain_trainer import metrics
 from elastrain_trainer.api import Session, init_distributed
 from elastrain_trainer.config import TrainerConfig
-from elastrain_trainer.data import Dataset, build_dataset, make_batch, micro_batch_indices
+from elastrain_trainer.data import (
+    Dataset,
+    build_dataset,
+    build_validation_dataset,
+    make_batch,
+    micro_batch_indices,
+)
 from elastrain_trainer.estimate import (
     available_host_bytes,
     check_fits,
@@ -61,6 +67,7 @@ def run(cfg: TrainerConfig) -> int:
     check_memory(cfg, denv)
     t = build_objects(cfg, denv)
     dataset = build_dataset(cfg)
+    validation = build_validation_dataset(cfg)
     accum = cfg.accumulation_steps(denv.world_size)
     tokens = cfg.global_batch_size * cfg.seq_len
     wandb_run = _maybe_wandb(cfg, denv)
@@ -81,6 +88,9 @@ def run(cfg: TrainerConfig) -> int:
                     "peak_memory": peak}
                 if result.skipped:
                     fields["skipped"] = result.skipped
+                if validation is not None and should_validate(t.progress.step + 1, cfg):
+                    fields["val_loss"] = validation_loss(t, cfg, denv, validation, accum)
+                    metrics.record_validation(t.progress.step + 1, fields["val_loss"])
                 session.report(loss=result.loss, tokens=tokens, **fields)
     except SystemExit as stop:  # the session's stop: this rank's exit code
         return stop.code if isinstance(stop.code, int) else 0
@@ -136,6 +146,32 @@ def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Data
     p.tokens_seen += cfg.global_batch_size * cfg.seq_len
     p.last_loss = loss_value
     return StepResult(loss_value, grad_norm, lr, skipped)
+
+
+def should_validate(step: int, cfg: TrainerConfig) -> bool:
+    """Evaluate after this (1-based) step? Every validation_interval_steps, and after the last."""
+    return step % cfg.validation_interval_steps == 0 or step == cfg.steps
+
+
+def validation_loss(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Dataset,
+                    accum: int) -> float:
+    """The mean loss over the first validation_batches global batches of the validation split:
+    each rank its micro-batches of each (as in training), the sums all-reduced. No gradients,
+    no optimizer, no RNG draws the training depends on (each step reseeds): the training's
+    samples and results are those of a run without validation."""
+    t.model.eval()
+    total = torch.zeros((), device=denv.device)
+    with torch.no_grad():
+        for batch in range(cfg.validation_batches):
+            for k in range(accum):
+                idx = micro_batch_indices(batch * cfg.global_batch_size, cfg.micro_batch_size,
+                                          denv.world_size, denv.rank, k)
+                x, y = (z.to(denv.device) for z in make_batch(dataset, idx))
+                with autocast(cfg, denv.device):
+                    total += lm_loss(t.model(x), y).float()
+    t.model.train()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return float(total) / (cfg.validation_batches * accum * denv.world_size)
 
 
 def check_memory(cfg: TrainerConfig, denv: DistEnv) -> None:

@@ -40,10 +40,20 @@ CHECKPOINT_URI_MESSAGE = ("spec.checkpoint.uri must be s3://<bucket>[/<prefix>],
                           "gs://<bucket>[/<prefix>] (the image needs gcsfs), "
                           "az://<container>[/<prefix>] or abfs://<container>[/<prefix>] "
                           "(the image needs adlfs), or file://<path>")
-# A built-in dataset, or a token file: s3://<bucket>/<key> or file://<path> (in the worker).
-DATASET = r"^(synthetic|text|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+|file://.+)$"
-DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or a token file at "
-                   "s3://<bucket>/<key> or file://<path>")
+# Token files: s3://<bucket>/<key> or file://<path> (in the worker), each may be a glob (*, ?,
+# [...]), several comma-separated; the trainer lists globs and sorts the shards by URI.
+_TOKEN_FILE = r"( *(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^,]+|file://[^,]+))"
+TOKEN_FILES = rf"^{_TOKEN_FILE}(,{_TOKEN_FILE})*$"
+# A built-in dataset, or token files.
+DATASET = rf"^(synthetic|text|{_TOKEN_FILE}(,{_TOKEN_FILE})*)$"
+DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or token files: "
+                   "s3://<bucket>/<key> or file://<path>, globs of them (*, ?, [...]), "
+                   "comma-separated")
+VALIDATION_DATASET_MESSAGE = ("spec.trainer.validation.dataset must be token files: "
+                              "s3://<bucket>/<key> or file://<path>, globs of them (*, ?, [...]), "
+                              "comma-separated")
+# Long enough for an explicit list of ~100 shard URIs; globs name thousands.
+DATASET_MAX_LENGTH = 8192
 BYTE_VOCAB_MESSAGE = ("spec.trainer.vocabSize must be at least 256 for the byte-level datasets "
                       "synthetic and text")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -124,21 +134,47 @@ class PodTemplateOverride(ApiModel):
         default_factory=list, max_length=8)
 
 
+class ValidationSpec(ApiModel):
+    """A validation split: its mean loss over `batches` global batches, on every rank's share
+    and reduced, after every `intervalSteps` steps and the last one. It reads the same samples
+    each time and changes nothing the training sees."""
+
+    dataset: str = Field(
+        max_length=DATASET_MAX_LENGTH,
+        description="Token files (same forms and datasetFormat as spec.trainer.dataset)",
+        json_schema_extra=k8s(cel(f"self.matches('{TOKEN_FILES}')",
+                                  VALIDATION_DATASET_MESSAGE)))
+    interval_steps: int = Field(default=100, ge=1, le=10_000_000,
+                                description="Evaluate after every this many steps.")
+    batches: int = Field(default=10, ge=1, le=100_000,
+                         description="Global batches (globalBatchSize samples) per evaluation.")
+
+    @model_validator(mode="after")
+    def _dataset_shape(self) -> ValidationSpec:
+        if not re.match(TOKEN_FILES, self.dataset):
+            raise ValueError(VALIDATION_DATASET_MESSAGE)
+        return self
+
+
 class TrainerSpec(ApiModel):
     """Settings of the built-in trainer; passed to it as ELASTRAIN_* environment variables."""
 
     model: Literal["gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b"] = Field(
         default="gpt-tiny", json_schema_extra=k8s(immutable("spec.trainer.model")))
     dataset: str = Field(
-        default="synthetic", max_length=1024,
-        description="synthetic or text (bytes, built in), or the URI of a token file read by "
-                    "ranged GETs (s3://, credentials and endpoint as for checkpoints) or a "
-                    "memory map (file://)",
+        default="synthetic", max_length=DATASET_MAX_LENGTH,
+        description="synthetic or text (bytes, built in), or token files read by ranged GETs "
+                    "(s3://, credentials and endpoint as for checkpoints) or memory maps "
+                    "(file://): one URI, a glob (shards sorted by URI) or a comma-separated "
+                    "list of them",
         json_schema_extra=k8s(cel(f"self.matches('{DATASET}')", DATASET_MESSAGE)))
     dataset_format: Literal["nanogpt", "llmc"] = Field(
         default="nanogpt",
-        description="A token file's layout: nanogpt (headerless uint16, train.bin) or llmc "
-                    "(256 x int32 header, magic 20240520; uint16 or, version 2, uint32 tokens)")
+        description="The token files' layout: nanogpt (headerless uint16, train.bin) or llmc "
+                    "(llm.c's write_datafile: 256 x int32 header; gpt-2: magic 20240520 "
+                    "version 1, uint16 tokens; llama-3: magic 20240801 version 7, uint32)")
+    validation: ValidationSpec | None = Field(
+        default=None, description="A validation split; unset: no validation loss.")
     vocab_size: int = Field(
         default=256, ge=2, le=1_048_576,
         description="The model's vocabulary; must exceed every token id in the dataset "

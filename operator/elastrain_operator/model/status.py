@@ -68,6 +68,13 @@ class CheckpointFallback(ApiModel):
     time: AwareDatetime = Field(description="When the trainer decided it (trainer's clock).")
 
 
+class ValidationLoss(ApiModel):
+    """The trainers' latest loss on the validation split (spec.trainer.validation)."""
+
+    step: int = Field(ge=0, description="The step after which it was evaluated.")
+    loss: float = Field(description="Mean loss over every rank's share of the batches.")
+
+
 class Progress(ApiModel):
     """Training progress reported by the trainer."""
 
@@ -83,6 +90,9 @@ class Progress(ApiModel):
         default=None, description="When the latest training step ended (trainer's clock).")
     checkpoint_health: CheckpointHealth | None = Field(
         default=None, description="Checkpoint saves as the trainers see them (policy/checkpoints).")
+    validation: ValidationLoss | None = Field(
+        default=None, description="The latest validation loss; kept across restarts until a "
+                                  "newer evaluation.")
 
 
 class WorkerSlot(ApiModel):

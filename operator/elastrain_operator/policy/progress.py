@@ -4,7 +4,8 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 `{"step": int, "totalSteps": int, "loss": float|null, "worldSize": int,
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
-"lastStepTime": RFC3339|null}` (the last four are newer: older trainers leave them out).
+"lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null}` (the last five
+are newer: older trainers leave them out).
 The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored) and
 keeps the largest step. So the operator needs no object-store credentials
 and the workers need no RBAC.
@@ -34,6 +35,7 @@ from elastrain_operator.model.status import (
     CheckpointRef,
     Progress,
     TrainingRecovery,
+    ValidationLoss,
     WorkerLoss,
 )
 from elastrain_operator.policy.checkpoints import parse_checkpoint_health
@@ -60,7 +62,8 @@ def parse_progress(payload: Any) -> ProgressReport | None:
                             training_since=payload.get("trainingSince"),
                             last_step_time=payload.get("lastStepTime"),
                             checkpoint_health=parse_checkpoint_health(
-                                payload.get("checkpointHealth")))
+                                payload.get("checkpointHealth")),
+                            validation=_validation(payload.get("validation")))
         ckpt_raw = payload.get("lastCheckpoint")
         ckpt = CheckpointRef.model_validate(ckpt_raw) if ckpt_raw else None
         started = payload.get("startedAt")
@@ -69,6 +72,16 @@ def parse_progress(payload: Any) -> ProgressReport | None:
         return None
     return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at,
                           fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")))
+
+
+def _validation(raw: Any) -> ValidationLoss | None:
+    """The newer "validation" field; a malformed one is dropped, not the whole report."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ValidationLoss(step=raw["step"], loss=raw["loss"])
+    except (KeyError, TypeError, ValueError, ValidationError):
+        return None
 
 
 def _aware(text: str) -> datetime:
@@ -111,13 +124,20 @@ def merge_progress(previous: Progress | None, last_checkpoint: CheckpointRef | N
                    reports: Sequence[ProgressReport] | None,
                    ) -> tuple[Progress | None, CheckpointRef | None]:
     """The furthest report wins (workers that just joined may lag); the last checkpoint never
-    goes backwards, even when every worker that knew it is gone."""
+    goes backwards, even when every worker that knew it is gone; the validation loss is the
+    newest any report or the previous status has (a restarted trainer has none until it
+    evaluates again)."""
     if not reports:
         return previous, last_checkpoint
     best = max(reports, key=lambda r: r.progress.step)
     checkpoint = last_checkpoint
     for report in reports:
         checkpoint = _newer(checkpoint, report.checkpoint)
+    known = [v for v in (previous.validation if previous else None,
+                         *(r.progress.validation for r in reports)) if v is not None]
+    validation = max(known, key=lambda v: v.step, default=None)
+    if validation != best.progress.validation:
+        return best.progress.model_copy(update={"validation": validation}), checkpoint
     return best.progress, checkpoint
 
 

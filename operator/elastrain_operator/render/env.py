@@ -68,11 +68,16 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
 def render_trainer_env(spec: TrainingJobSpec, job_name: str) -> dict[str, str]:
     """The built-in trainer's ELASTRAIN_* contract (no PET_*, no secrets); also used locally.
 
-    trainer.fooBar -> ELASTRAIN_FOO_BAR, checkpoint.fooBar -> ELASTRAIN_CHECKPOINT_FOO_BAR.
+    trainer.fooBar -> ELASTRAIN_FOO_BAR, trainer.validation.fooBar ->
+    ELASTRAIN_VALIDATION_FOO_BAR, checkpoint.fooBar -> ELASTRAIN_CHECKPOINT_FOO_BAR.
     """
     env = {"ELASTRAIN_JOB_NAME": job_name, "ELASTRAIN_STRATEGY": spec.strategy}
-    for name, value in spec.trainer.model_dump().items():
+    for name, value in spec.trainer.model_dump(exclude={"validation"}).items():
         env[f"ELASTRAIN_{name.upper()}"] = _text(value)
+    validation = spec.trainer.validation
+    if validation is not None:  # trainer.validation.fooBar -> ELASTRAIN_VALIDATION_FOO_BAR
+        for name, value in validation.model_dump().items():
+            env[f"ELASTRAIN_VALIDATION_{name.upper()}"] = _text(value)
     ckpt = spec.checkpoint
     if ckpt is not None:
         env["ELASTRAIN_CHECKPOINT_URI"] = ckpt.uri

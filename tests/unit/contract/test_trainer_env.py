@@ -14,7 +14,9 @@ TRAINER = {"model": "gpt-small", "dataset": "text", "steps": 777, "seqLen": 96,
            "globalBatchSize": 24, "microBatchSize": 3, "lr": 0.002, "minLr": 0.0002,
            "warmupSteps": 17, "lrSchedule": "wsd", "decayFraction": 0.3, "weightDecay": 0.05,
            "precision": "bf16", "activationCheckpointing": True, "cpuOffload": True,
-           "maxGradNorm": 0.5, "spikeFactor": 4.0, "seed": 99}
+           "maxGradNorm": 0.5, "spikeFactor": 4.0, "seed": 99,
+           "validation": {"dataset": "s3://bucket/val_*.bin, s3://bucket/extra.bin",
+                          "intervalSteps": 33, "batches": 4}}
 CHECKPOINT = {"uri": "s3://bucket/run-7", "endpoint": "http://minio:9000", "intervalSteps": 25,
               "intervalSeconds": 120, "keep": 7, "async": False, "resume": "Never"}
 
@@ -25,8 +27,11 @@ def test_every_trainer_and_checkpoint_field_reaches_the_trainer() -> None:
     config = TrainerConfig.from_env(render_trainer_env(spec, "job-7"))
 
     assert (config.job_name, config.strategy, config.metrics_port) == ("job-7", "fsdp", 9555)
-    for name, value in spec.trainer.model_dump().items():
+    for name, value in spec.trainer.model_dump(exclude={"validation"}).items():
         assert getattr(config, name) == value, name
+    assert spec.trainer.validation is not None
+    for name, value in spec.trainer.validation.model_dump().items():
+        assert getattr(config, f"validation_{name}") == value, name
     ckpt = spec.checkpoint
     assert ckpt is not None
     assert (config.checkpoint_uri, config.checkpoint_endpoint) == (ckpt.uri, ckpt.endpoint)
@@ -39,5 +44,13 @@ def test_every_trainer_and_checkpoint_field_reaches_the_trainer() -> None:
 def test_spec_defaults_match_the_trainer_defaults() -> None:
     spec = TrainingJobSpec.model_validate({"image": "i"})
     from_spec = TrainerConfig.from_env(render_trainer_env(spec, "local"))
-    assert {n: getattr(from_spec, n) for n in spec.trainer.model_dump()} == \
-        {n: getattr(TrainerConfig(), n) for n in spec.trainer.model_dump()}
+    names = spec.trainer.model_dump(exclude={"validation"})
+    assert {n: getattr(from_spec, n) for n in names} == \
+        {n: getattr(TrainerConfig(), n) for n in names}
+    # No validation by default; the defaults of a validation split's fields agree too.
+    assert from_spec.validation_dataset == ""
+    with_split = TrainingJobSpec.model_validate(
+        {"image": "i", "trainer": {"validation": {"dataset": "file:///v.bin"}}})
+    config = TrainerConfig.from_env(render_trainer_env(with_split, "local"))
+    assert (config.validation_interval_steps, config.validation_batches) == (
+        TrainerConfig.validation_interval_steps, TrainerConfig.validation_batches)

@@ -123,6 +123,7 @@ def test_progress_document_has_the_operator_fields() -> None:
     started_at, last_step = doc.pop("startedAt"), doc.pop("lastStepTime")
     doc.pop("checkpointHealth")  # set by the checkpoint tests; see test_checkpoint_*.py
     doc.pop("memory")  # see test_progress_document_reports_peak_memory_beside_the_estimate
+    doc.pop("validation")  # see test_validation_reporting.py
     assert started_at <= last_step == training_since
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
@@ -185,7 +186,7 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
                             "resumedFromStep", "trainingSince", "startedAt", "lastStepTime",
-                            "checkpointHealth", "checkpointFallback", "memory"}
+                            "checkpointHealth", "checkpointFallback", "validation", "memory"}
     finally:
         server.shutdown()
 

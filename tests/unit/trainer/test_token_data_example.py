@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from elastrain_trainer.config import TrainerConfig
-from elastrain_trainer.data import build_dataset
+from elastrain_trainer.data import build_dataset, build_validation_dataset
 from elastrain_trainer.tokenfiles import TokenFileDataset
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "token-data"
@@ -23,12 +23,11 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "token-data"
 def test_prepared_file_is_read_back_as_the_input_bytes(tmp_path: Path, fmt: str) -> None:
     trainer = yaml.safe_load((EXAMPLE / "job.yaml").read_text())["spec"]["trainer"]
     text = (EXAMPLE.parents[1] / "README.md").read_bytes()
-    out = tmp_path / "train.bin"
     done = subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(EXAMPLE.parents[1] /
-                           "README.md"), str(out), "--format", fmt],
+                           "README.md"), str(tmp_path), "--format", fmt],
                           capture_output=True, text=True, timeout=60, check=True)
-    assert f"{len(text)} tokens ({fmt}" in done.stdout
-    cfg = TrainerConfig(dataset=f"file://{out}", dataset_format=fmt,
+    assert f"{len(text)} tokens ({fmt}, bytes" in done.stdout
+    cfg = TrainerConfig(dataset=f"file://{tmp_path}/train_*.bin", dataset_format=fmt,
                         vocab_size=trainer["vocabSize"], seq_len=trainer["seqLen"])
     ds = build_dataset(cfg)
     assert isinstance(ds, TokenFileDataset)
@@ -38,6 +37,22 @@ def test_prepared_file_is_read_back_as_the_input_bytes(tmp_path: Path, fmt: str)
     for i in (0, 1, ds.windows - 1):
         w = ds.window_of(i)
         assert torch.equal(ds.sample(i).long(), torch.from_numpy(tokens[w * span:(w + 1) * span]))
+
+
+def test_shards_and_a_validation_split_read_back_in_order(tmp_path: Path) -> None:
+    text = (EXAMPLE.parents[1] / "README.md").read_bytes()
+    subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(EXAMPLE.parents[1] /
+                    "README.md"), str(tmp_path), "--format", "llmc", "--shard-tokens", "5000",
+                    "--val-tokens", "3000"], capture_output=True, text=True, timeout=60, check=True)
+    train = sorted(tmp_path.glob("train_*.bin"))
+    assert len(train) == -(-(len(text) - 3000) // 5000)
+    cfg = TrainerConfig(dataset=f"file://{tmp_path}/train_*.bin", dataset_format="llmc",
+                        seq_len=64, validation_dataset=f"file://{tmp_path}/val_*.bin")
+    ds, val = build_dataset(cfg), build_validation_dataset(cfg)
+    assert isinstance(ds, TokenFileDataset) and isinstance(val, TokenFileDataset)
+    assert val.windows == 3000 // 65
+    assert ds.windows == sum(min(5000, len(text) - 3000 - i) // 65
+                             for i in range(0, len(text) - 3000, 5000))
 
 
 def test_ids_that_do_not_fit_uint16_need_llmc(tmp_path: Path) -> None:
@@ -51,5 +66,5 @@ def test_ids_that_do_not_fit_uint16_need_llmc(tmp_path: Path) -> None:
         prepare.write_tokens(ids, tmp_path / "a.bin", "nanogpt")
     prepare.write_tokens(ids, tmp_path / "b.bin", "llmc")
     header = np.fromfile(tmp_path / "b.bin", dtype="<i4", count=256)
-    assert list(header[:3]) == [20240520, 2, 3]
+    assert list(header[:3]) == [20240801, 7, 3]  # llm.c's llama-3 layout
     assert list(np.fromfile(tmp_path / "b.bin", dtype="<u4", offset=1024)) == [1, 70_000, 3]

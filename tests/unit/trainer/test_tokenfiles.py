@@ -11,7 +11,7 @@ import torch
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import build_dataset, make_batch, micro_batch_indices
 from elastrain_trainer.tokenfiles import TokenFileDataset, TokenFileError, open_token_dataset
-from elastrain_trainer.tokenfiles.dataset import GROUP_BLOCKS, epoch_order
+from elastrain_trainer.tokenfiles.dataset import GROUP_BLOCKS, block_lengths, epoch_order
 from elastrain_trainer.tokenfiles.formats import (
     LLMC_HEADER_BYTES,
     TokenLayout,
@@ -29,9 +29,11 @@ def layout_of(data: bytes, fmt: str) -> TokenLayout:
     return parse_layout(URI, fmt, data[:LLMC_HEADER_BYTES], len(data))
 
 
-@pytest.mark.parametrize(("version", "itemsize"), [(1, 2), (2, 4)])
-def test_llmc_header_gives_the_token_region(version: int, itemsize: int) -> None:
-    data = llmc_bytes(np.arange(100), version)
+@pytest.mark.parametrize(("layout", "itemsize"), [("gpt-2", 2), ("llama-3", 4)])
+def test_llmc_header_gives_the_token_region(layout: str, itemsize: int) -> None:
+    """Both layouts llm.c's write_datafile emits: gpt-2 (20240520, 1, uint16) and llama-3
+    (20240801, 7, uint32)."""
+    data = llmc_bytes(np.arange(100), layout)
     assert layout_of(data, "llmc") == TokenLayout(URI, LLMC_HEADER_BYTES, itemsize, 100)
 
 
@@ -41,14 +43,23 @@ def test_nanogpt_file_is_all_tokens() -> None:
 
 @pytest.mark.parametrize(("data", "fmt", "problem"), [
     (llmc_bytes(np.arange(10), magic=12345), "llmc",
-     "bad magic 12345 in the llm.c header (expected 20240520)"),
+     "bad magic 12345 in the llm.c header (expected one of gpt-2: magic 20240520 version 1, "
+     "uint16; llama-3: magic 20240801 version 7, uint32)"),
     (nanogpt_bytes(np.arange(600)), "llmc", "bad magic"),
-    (llmc_bytes(np.arange(10), version=3), "llmc", "unsupported llm.c version 3"),
+    (llmc_bytes(np.arange(10), version=3), "llmc",
+     "unsupported llm.c version 3 for magic 20240520 (gpt-2)"),
+    # No writer emits these: uint32 under the gpt-2 magic, uint16 under llama-3's.
+    (llmc_bytes(np.arange(10), "llama-3", magic=20240520, version=2), "llmc",
+     "unsupported llm.c version 2 for magic 20240520"),
+    (llmc_bytes(np.arange(10), version=7), "llmc",
+     "unsupported llm.c version 7 for magic 20240520"),
+    (llmc_bytes(np.arange(10), "llama-3", version=1), "llmc",
+     "unsupported llm.c version 1 for magic 20240801 (llama-3)"),
     (llmc_bytes(np.arange(10))[:-1], "llmc",
-     "truncated: the llm.c header declares 10 uint16 tokens (1044 bytes with the header) "
+     "truncated: the llm.c gpt-2 header declares 10 uint16 tokens (1044 bytes with the header) "
      "but the file is 1043 bytes"),
-    (llmc_bytes(np.arange(10), version=2, declared=11), "llmc",
-     "truncated: the llm.c header declares 11 uint32 tokens"),
+    (llmc_bytes(np.arange(10), "llama-3", declared=11), "llmc",
+     "truncated: the llm.c llama-3 header declares 11 uint32 tokens"),
     (llmc_bytes(np.arange(10), declared=9), "llmc", "has trailing bytes"),
     (llmc_bytes(np.arange(10))[:100], "llmc", "100 bytes is shorter than the 1024-byte"),
     (llmc_bytes(np.arange(10), declared=0), "llmc", "declares 0 tokens"),
@@ -85,12 +96,13 @@ def test_the_vocabulary_probe_reads_all_of_a_small_file_and_spans_of_a_large_one
     assert sum(n for _, n in spans) <= 1600
 
 
-@pytest.mark.parametrize(("fmt", "version"), [("nanogpt", 1), ("llmc", 1), ("llmc", 2)])
+@pytest.mark.parametrize(("fmt", "layout"), [("nanogpt", ""), ("llmc", "gpt-2"),
+                                             ("llmc", "llama-3")])
 def test_samples_are_windows_of_the_file_in_a_seeded_order(
-        tmp_path: Path, fmt: str, version: int) -> None:
-    vocab = 300 if version == 1 else 70_000
+        tmp_path: Path, fmt: str, layout: str) -> None:
+    vocab = 70_000 if layout == "llama-3" else 300
     tokens = pattern_tokens(33 * 17, vocab)
-    data = nanogpt_bytes(tokens) if fmt == "nanogpt" else llmc_bytes(tokens, version)
+    data = nanogpt_bytes(tokens) if fmt == "nanogpt" else llmc_bytes(tokens, layout)
     cfg = TrainerConfig(dataset=write(tmp_path / "t.bin", data), dataset_format=fmt,
                         vocab_size=vocab, seq_len=16)
     ds = build_dataset(cfg)
@@ -136,14 +148,15 @@ class CountingSource:
 
 def test_an_epoch_permutes_windows_within_runs_of_a_few_random_blocks() -> None:
     k, runs = 5, GROUP_BLOCKS * 5
-    order = epoch_order(103, k, seed=1, epoch=0)
+    lengths = block_lengths([103], k)
+    order = epoch_order(lengths, seed=1, epoch=0)
     assert sorted(order.tolist()) == list(range(103))
     assert order.tolist() != list(range(103))
     for start in range(0, 103, runs):
         blocks = {w // k for w in order[start:start + runs].tolist()}
         assert len(blocks) <= GROUP_BLOCKS
-    assert not torch.equal(order, epoch_order(103, k, seed=1, epoch=1))
-    assert torch.equal(order, epoch_order(103, k, seed=1, epoch=0))
+    assert not torch.equal(order, epoch_order(lengths, seed=1, epoch=1))
+    assert torch.equal(order, epoch_order(lengths, seed=1, epoch=0))
 
 
 def test_a_remote_file_is_read_in_blocks_prefetched_for_the_next_steps_once_each() -> None:

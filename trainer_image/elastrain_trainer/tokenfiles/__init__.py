@@ -1,4 +1,5 @@
-"""Token files (nanoGPT `train.bin`, llm.c shards) read by global sample index from file:// or
+"""Token files (nanoGPT `train.bin`, llm.c gpt-2 and llama-3 shards; one file, a glob or a list)
+read by global sample index from file:// or
 s3://: `formats` parses and validates (pure), `sources` reads byte ranges, `dataset` windows,
 caches and prefetches them."""
 

@@ -1,8 +1,10 @@
 """Token file layouts and their validation: pure functions of bytes, sizes and names.
 
 - nanoGPT (`prepare.py` -> `train.bin`): a headerless array of little-endian uint16 tokens.
-- llm.c (`dev/data/*.bin`): 256 little-endian int32 (magic 20240520, version, token count,
-  then zeros), then the tokens: uint16 in version 1 (GPT-2), uint32 in version 2 (Llama 3).
+- llm.c (`dev/data/data_common.py`, `write_datafile`): 256 little-endian int32 (magic, version,
+  token count, then zeros), then the tokens. Its writer emits two layouts (HEADERS_INFO there):
+  "gpt-2", magic 20240520 version 1, uint16 tokens; "llama-3", magic 20240801 version 7, uint32
+  tokens (what its `train_llama3.py` reader asserts). Nothing else is an llm.c token file.
 
 Every error is a TokenFileError (a ValueError) whose message starts with the file's URI and
 says what is wrong with it.
@@ -16,10 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 FORMATS = ("nanogpt", "llmc")
-LLMC_MAGIC = 20240520
 LLMC_HEADER_INTS = 256
 LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
-LLMC_ITEMSIZE = {1: 2, 2: 4}  # version -> bytes per token
+# (magic, version) -> (llm.c's name for the layout, bytes per token)
+LLMC_LAYOUTS = {(20240520, 1): ("gpt-2", 2), (20240801, 7): ("llama-3", 4)}
+LLMC_MAGICS = {magic: name for (magic, _), (name, _) in LLMC_LAYOUTS.items()}
+_KNOWN = "; ".join(f"{name}: magic {m} version {v}, uint{8 * size}"
+                   for (m, v), (name, size) in LLMC_LAYOUTS.items())
 
 
 class TokenFileError(ValueError):
@@ -59,23 +64,27 @@ def parse_llmc(uri: str, header: bytes, size: int) -> TokenLayout:
         raise TokenFileError(f"{uri}: {size} bytes is shorter than the {LLMC_HEADER_BYTES}-byte "
                              "llm.c header (truncated, or not an llm.c token file)")
     magic, version, count = struct.unpack_from("<3i", header)
-    if magic != LLMC_MAGIC:
-        raise TokenFileError(f"{uri}: bad magic {magic} in the llm.c header (expected "
-                             f"{LLMC_MAGIC}); a headerless nanoGPT file needs datasetFormat "
-                             "nanogpt")
-    if version not in LLMC_ITEMSIZE:
-        raise TokenFileError(f"{uri}: unsupported llm.c version {version} (1: uint16 tokens, "
-                             "2: uint32 tokens)")
+    if magic not in LLMC_MAGICS:
+        raise TokenFileError(f"{uri}: bad magic {magic} in the llm.c header (expected one of "
+                             f"{_KNOWN}); a headerless nanoGPT file needs datasetFormat nanogpt")
+    if (magic, version) not in LLMC_LAYOUTS:
+        raise TokenFileError(f"{uri}: unsupported llm.c version {version} for magic {magic} "
+                             f"({LLMC_MAGICS[magic]}); llm.c's writer emits {_KNOWN}")
     if count <= 0:
         raise TokenFileError(f"{uri}: the llm.c header declares {count} tokens")
-    itemsize = LLMC_ITEMSIZE[version]
+    name, itemsize = LLMC_LAYOUTS[magic, version]
     expected = LLMC_HEADER_BYTES + count * itemsize
     if size != expected:
         what = "truncated" if size < expected else "has trailing bytes"
         raise TokenFileError(
-            f"{uri}: {what}: the llm.c header declares {count} uint{8 * itemsize} tokens "
+            f"{uri}: {what}: the llm.c {name} header declares {count} uint{8 * itemsize} tokens "
             f"({expected} bytes with the header) but the file is {size} bytes")
     return TokenLayout(uri, LLMC_HEADER_BYTES, itemsize, count)
+
+
+def header_bytes(fmt: str) -> int:
+    """How many leading bytes parse_layout needs of a file in this format."""
+    return LLMC_HEADER_BYTES if fmt == "llmc" else 0
 
 
 def parse_layout(uri: str, fmt: str, header: bytes, size: int) -> TokenLayout:
