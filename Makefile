@@ -67,6 +67,10 @@ bench: venv build-deps  ## benchmarks; each prints ratios measured side by side 
 	$(BIN)/python bench/storage_backends.py
 	$(BIN)/python bench/checkpoint_path.py
 
+.PHONY: bench-token-shards
+bench-token-shards: venv build-deps  ## sharded token data: open time and samples/s for 1, 10, 100 shards vs one file on MinIO (~3 min here)
+	$(BIN)/python bench/token_shards.py $(BENCH_ARGS)
+
 .PHONY: bench-checkpoint
 bench-checkpoint: venv build-deps  ## checkpoint save+load: elastrain vs stock DCP over s3fs vs the boto3 ceiling, gpt-100m and gpt-350m, async stall (~18 min here)
 	$(BIN)/python bench/checkpoint_path.py $(BENCH_ARGS)

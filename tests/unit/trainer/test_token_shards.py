@@ -36,8 +36,12 @@ def test_a_glob_and_a_list_name_the_same_shards_in_sorted_order(tmp_path: Path) 
     listed = ", ".join(f"file://{tmp_path}/train_{i:03d}.bin" for i in (2, 0, 1, 0))
     by_list = open_token_dataset(listed, "llmc", seq_len=SEQ, seed=1, vocab_size=5000,
                                  global_batch_size=4)
+    mixed = open_token_dataset(f"file://{tmp_path}/train_00[12].bin,file://{tmp_path}/"
+                               "train_000.bin", "llmc", seq_len=SEQ, seed=1, vocab_size=5000,
+                               global_batch_size=4)
     expected = [f"file://{tmp_path}/train_{i:03d}.bin" for i in range(3)]
     assert [s.uri for s in by_glob.sources] == [s.uri for s in by_list.sources] == expected
+    assert [s.uri for s in mixed.sources] == expected
     assert all(torch.equal(by_glob.sample(i), by_list.sample(i)) for i in range(40))
 
 
