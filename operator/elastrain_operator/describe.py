@@ -1,10 +1,11 @@
 """`elastrain describe`: what kubectl does not already show about a TrainingJob.
 
 Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
-Shows each worker slot with its pod, phase, node and attempt, the rendezvous store, the
-trainer's progress, last checkpoint and checkpoint health, the newest resume that skipped a
-damaged checkpoint (what, why, from which step training resumed, the steps lost), both budgets,
-the recent counted losses and how long training took to run again after the newest of them.
+Shows each worker slot with its pod, phase, node and attempt, the rendezvous store (and why it
+is not Ready, from the RendezvousStoreReady condition), the trainer's progress, last checkpoint
+and checkpoint health, the newest resume that skipped a damaged checkpoint (what, why, from
+which step training resumed, the steps lost), both budgets, the recent counted losses and how
+long training took to run again after the newest of them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import LABEL_ROLE, ROLE_STORE, ROLE_WORKER, WORKER_FINALIZER
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import CheckpointHealth
@@ -19,6 +21,9 @@ from elastrain_operator.policy.failures import classify_pod_exit, describe_exit,
 from elastrain_operator.policy.fallback import describe_fallback
 
 Manifest = dict[str, Any]
+# RendezvousStoreReady reasons that need a person (starting, lost and replaced do not).
+STORE_PROBLEMS = frozenset({c.STORE_IMAGE_PULL_FAILED, c.STORE_CRASH_LOOPING,
+                            c.STORE_UNSCHEDULABLE, c.STORE_CONTAINER_FAILED})
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -87,15 +92,21 @@ def _workers(pods: Sequence[Manifest]) -> list[str]:
     return ["Workers:", *(_table(rows) if len(rows) > 1 else ["  none"])]
 
 
-def _store(pods: Sequence[Manifest]) -> list[str]:
+def _store(job: TrainingJob, pods: Sequence[Manifest]) -> list[str]:
     stores = [p for p in pods
               if (p.get("metadata") or {}).get("labels", {}).get(LABEL_ROLE) == ROLE_STORE]
+    cond = next((x for x in job.status.conditions if x.type == c.RENDEZVOUS_STORE_READY), None)
+    why = "" if cond is None or cond.status == "True" else f": not Ready, {cond.reason}: " \
+        f"{cond.message}"
+    lost = job.status.rendezvous_store.workers_lost if job.status.rendezvous_store else 0
+    if lost:
+        why += f" ({lost} worker(s) lost to it, not counted)"
     if not stores:
-        return ["Rendezvous store: none"]
+        return [f"Rendezvous store: none{why}"]
     p = stores[0]
     node = (p.get("spec") or {}).get("nodeName") or "unscheduled"
     phase = (p.get("status") or {}).get("phase") or "Pending"
-    return [f"Rendezvous store: {p['metadata']['name']} {phase} on {node}"]
+    return [f"Rendezvous store: {p['metadata']['name']} {phase} on {node}{why}"]
 
 
 def _losses(job: TrainingJob) -> list[str]:
@@ -120,18 +131,20 @@ def _last_recovery(job: TrainingJob) -> list[str]:
 
 def _problems(job: TrainingJob) -> list[str]:
     """Conditions that say something is wrong (kubectl shows them, but buried in YAML)."""
-    bad = [c for c in job.status.conditions
-           if (c.type == "Valid" and c.status == "False")
-           or (c.type in ("Failed", "Restarting", "CheckpointsFailing") and c.status == "True")
-           or (c.type == "AllWorkersRunning" and c.status == "False"
-               and c.reason not in ("JobSuspended", "JobTerminated"))]
-    return [f"{c.type}={c.status} {c.reason}: {c.message}" for c in bad]
+    bad = [x for x in job.status.conditions
+           if (x.type == "Valid" and x.status == "False")
+           or (x.type in ("Failed", "Restarting", "CheckpointsFailing") and x.status == "True")
+           or (x.type == "RendezvousStoreReady" and x.status == "False"
+               and x.reason in STORE_PROBLEMS)
+           or (x.type == "AllWorkersRunning" and x.status == "False"
+               and x.reason not in ("JobSuspended", "JobTerminated"))]
+    return [f"{x.type}={x.status} {x.reason}: {x.message}" for x in bad]
 
 
 def describe_job(job: Manifest | TrainingJob, pods: Sequence[Manifest]) -> str:
     """A human summary of a TrainingJob and its pods."""
     parsed = job if isinstance(job, TrainingJob) else TrainingJob.model_validate(job)
-    lines = [*_header(parsed), *_store(pods), *_workers(pods), *_losses(parsed),
+    lines = [*_header(parsed), *_store(parsed, pods), *_workers(pods), *_losses(parsed),
              *_last_recovery(parsed)]
     if problems := _problems(parsed):
         lines += ["Attention:", *(f"  {p}" for p in problems)]

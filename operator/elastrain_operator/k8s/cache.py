@@ -38,7 +38,8 @@ from elastrain_operator.model.names import (
 )
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.failures import WorkerPod, answers_progress, read_worker_pod
-from elastrain_operator.policy.planning import Observed, StorePod
+from elastrain_operator.policy.planning import Observed
+from elastrain_operator.policy.store import StorePod, read_store_pod
 
 Key = tuple[str, str]  # (namespace, job name)
 EXPECTATION_SECONDS = 30.0  # a created child not seen by then: stop waiting, observe live
@@ -67,8 +68,7 @@ def read_pod_record(pod: Manifest, job_name: str) -> PodRecord:
     worker = read_worker_pod(pod, WORKER_FINALIZER) if role == ROLE_WORKER else None
     store = None
     if role == ROLE_STORE and name == store_name(job_name):
-        store = StorePod(phase=str((pod.get("status") or {}).get("phase") or "Pending"),
-                         deleting=bool(meta.get("deletionTimestamp")))
+        store = read_store_pod(pod)
     return PodRecord(owner=controller_uid(pod),
                      finalizer=WORKER_FINALIZER in (meta.get("finalizers") or []),
                      worker=worker, store=store)

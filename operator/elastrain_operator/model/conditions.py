@@ -16,6 +16,7 @@ ALL_WORKERS_RUNNING: Final = "AllWorkersRunning"  # every desired worker runs (n
 CHECKPOINTS_FAILING: Final = "CheckpointsFailing"  # the trainers' latest checkpoint saves failed
 HUNG: Final = "Hung"                  # no training step completed for spec.hangTimeoutSeconds
 CHECKPOINT_FALLBACK: Final = "CheckpointFallback"  # a resume skipped a damaged checkpoint (sticky)
+RENDEZVOUS_STORE_READY: Final = "RendezvousStoreReady"  # the rendezvous store pod is Ready
 
 # --- reasons ---------------------------------------------------------------------------------
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
@@ -49,3 +50,12 @@ NO_TRAINING_PROGRESS: Final = "NoTrainingProgress"     # no step for spec.hangTi
 TRAINING_PROGRESSING: Final = "TrainingProgressing"    # steps complete (or the watchdog is off)
 WORKER_CRASHED: Final = "WorkerCrashed"                # the trainer raised (the job's own error)
 DAMAGED_CHECKPOINT_SKIPPED: Final = "DamagedCheckpointSkipped"  # resumed from an older one
+STORE_READY: Final = "StoreReady"                      # the store pod is Ready
+STORE_STARTING: Final = "StoreStarting"                # created, scheduled or starting; no error
+STORE_IMAGE_PULL_FAILED: Final = "StoreImagePullFailed"  # ErrImagePull, ImagePullBackOff, ...
+STORE_CRASH_LOOPING: Final = "StoreCrashLooping"       # its container exits and is restarted
+STORE_UNSCHEDULABLE: Final = "StoreUnschedulable"      # the scheduler finds no node for it
+STORE_CONTAINER_FAILED: Final = "StoreContainerFailed"  # the kubelet cannot create/start it
+STORE_LOST: Final = "StoreLost"                        # the store pod ended or goes; replaced
+WAITING_FOR_STORE: Final = "WaitingForRendezvousStore"  # a worker lost to a never-Ready store
+RENDEZVOUS_STORE_NOT_READY: Final = "RendezvousStoreNotReady"  # never Ready in readyTimeout

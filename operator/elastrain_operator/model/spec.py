@@ -257,6 +257,13 @@ class RendezvousStore(ApiModel):
     node_selector: LabelMap = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     priority_class_name: str | None = Field(default=None, max_length=253)
+    ready_timeout_seconds: int = Field(
+        default=600, ge=0, le=86_400,
+        description="How long a store pod may stay never Ready (pulling, scheduling, "
+                    "starting) before the job fails with RendezvousStoreNotReady; meanwhile "
+                    "workers that lose the rendezvous to it are not counted as preemptions and "
+                    "are replaced with backoff. Raise it for images that take long to pull; "
+                    "0 waits forever.")
 
 
 class RendezvousSpec(ApiModel):

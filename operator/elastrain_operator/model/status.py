@@ -121,6 +121,22 @@ class WorkerLoss(ApiModel):
     time: datetime
 
 
+class RendezvousStoreState(ApiModel):
+    """The job's current rendezvous store pod as the operator has seen it (policy/store): a
+    worker that lost the rendezvous while this store was never Ready is the store's loss."""
+
+    uid: str = Field(default="", max_length=128, description="The store pod's uid.")
+    created: datetime = Field(description="When the store pod was created.")
+    ready_at: datetime | None = Field(
+        default=None, description="When it was first seen Ready; absent: never Ready yet.")
+    workers_lost: int = Field(
+        default=0, ge=0, description="Workers lost to it while it was never Ready (not counted "
+                                     "as preemptions; they pace the replacements).")
+    replace_after: datetime | None = Field(
+        default=None, description="Workers are replaced after this time (backoff), or as soon "
+                                  "as the store is Ready.")
+
+
 class TrainingRecovery(ApiModel):
     """How long training took to run again after the newest counted worker loss."""
 
@@ -173,6 +189,9 @@ class TrainingJobStatus(ApiModel):
     checkpoint_fallback: CheckpointFallback | None = Field(
         default=None, description="The newest resume that skipped a damaged checkpoint "
                                   "(policy/fallback); kept after later normal resumes.")
+    rendezvous_store: RendezvousStoreState | None = Field(
+        default=None, description="The rendezvous store pod the workers depend on "
+                                  "(see the RendezvousStoreReady condition).")
     start_time: datetime | None = None
     completion_time: datetime | None = None
     observed_generation: int = Field(default=0, ge=0)

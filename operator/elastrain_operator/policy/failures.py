@@ -12,6 +12,8 @@
   the job's rendezvous store (its log, kept as the termination message, ends in
   RendezvousConnectionError): the store pod was deleted or its node lost, and every agent exits
   with it; the trainers have saved on the agent's SIGTERM, so this is the platform's loss too.
+  Unless the store never worked: the planner asks policy.store whether the worker only ever
+  knew a store that has never been Ready, and then counts it as neither.
 - Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...);
   among them the launcher's "worker crashed" exits, which quote the trainer's exception.
 - Succeeded: the pod Succeeded (torchrun exited 0: its whole worker group finished).

@@ -2,11 +2,14 @@
 
 Reads as the steps of one reconcile, each a pure function of its inputs and `now`:
 1. account: count each lost worker once (slot attempts, see WorkerSlot), retire slots that a
-   scale-down or a suspend no longer wants;
+   scale-down or a suspend no longer wants; a worker lost to a rendezvous store that has never
+   been Ready is the store's loss, neither preemption nor failure (policy.store);
    a job that completed no step for spec.hangTimeoutSeconds restarts its workers as one counted
    failure (policy.hang);
-2. decide: budget spent, deadline passed, or every trainer finished -> terminal;
-3. converge: the Services, the rendezvous store and one pod per active slot; stale pods go;
+2. decide: budget spent, deadline passed, the store never Ready in time, or every trainer
+   finished -> terminal;
+3. converge: the Services, the rendezvous store and one pod per active slot (those lost to the
+   store after its backoff, or once it is Ready); stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
    including how long training took to run again after the newest loss (policy.progress)
    and a resume that skipped a damaged checkpoint (policy.fallback).
@@ -58,6 +61,16 @@ from elastrain_operator.policy.status import (
     set_condition,
     transition_events,
 )
+from elastrain_operator.policy.store import (
+    StorePod,
+    StoreReadiness,
+    count_store_loss,
+    derive_store_readiness,
+    is_lost_to_store,
+    store_hold,
+    store_timed_out,
+    track_store,
+)
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
 from elastrain_operator.policy.validation import pod_config_problems, validate
 from elastrain_operator.render.meta import Manifest
@@ -66,12 +79,7 @@ from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
 
 MAX_RECENT_LOSSES = 10
-
-
-@dataclass(frozen=True)
-class StorePod:
-    phase: str = "Pending"
-    deleting: bool = False
+__all__ = ["Observed", "Plan", "StorePod", "current_pods", "plan"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,22 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
 
 
+def _count_store_loss(r: _Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSlot,
+                      now: datetime) -> WorkerSlot:
+    """A worker lost to a store never Ready: not counted; replaced after the store's backoff."""
+    assert r.acct.store is not None
+    store = count_store_loss(r.acct.store, job.spec.restart_policy, now)
+    r.acct = replace(r.acct, store=store)
+    after = (f"after {store.replace_after.isoformat()} or " if store.replace_after else "")
+    r.events.append(EventSpec(
+        "Warning", c.WAITING_FOR_STORE,
+        f"worker {pod.index} (pod {pod.name}) lost the rendezvous store "
+        f"{store_name(job.metadata.name)}, which has not been Ready since "
+        f"{store.created.isoformat()}: not counted as a preemption; replaced {after}"
+        "once the store is Ready"))
+    return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
+
+
 def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
              counting: bool, now: datetime) -> None:
     """Raise the attempt of every slot whose current pod is lost (counting it) or retired."""
@@ -169,7 +193,9 @@ def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
             slot = WorkerSlot(index=index, attempt=slot.attempt + 1)
         elif current is not None and counting:
             exit_ = classify_pod_exit(current)
-            if exit_ in (Exit.PREEMPTED, Exit.FAILED):
+            if exit_ is Exit.PREEMPTED and is_lost_to_store(current, r.acct.store):
+                slot = _count_store_loss(r, job, current, slot, now)
+            elif exit_ in (Exit.PREEMPTED, Exit.FAILED):
                 slot = _count_loss(r, job, current, exit_, slot, now)
         slots[index] = slot
     r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
@@ -211,8 +237,9 @@ def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
 
 
 def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
-              finishing: bool, now: datetime) -> tuple[bool, bool]:
-    """Create what is missing; returns (created anything, waiting for a backoff)."""
+              finishing: bool, now: datetime) -> tuple[bool, bool, datetime | None]:
+    """Create what is missing; returns (created anything, waiting for a backoff, waiting for
+    the store until)."""
     name = job.metadata.name
     created = False
     for service, render in ((worker_service_name(name), render_worker_service),
@@ -227,7 +254,8 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
     elif store is not None and not store.deleting and (
             not desired or store.phase in ("Failed", "Succeeded")):
         r.delete_pods.append(store_name(name))
-    in_backoff = False
+    in_backoff, held = False, None
+    hold = store_hold(r.acct.store, now=now)
     current = current_pods(r.acct.slots, observed.workers)
     for slot in r.acct.slots[:desired] if not finishing else ():
         if slot.index in current:
@@ -235,9 +263,12 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
         if slot.replace_after is not None and now < slot.replace_after:
             in_backoff = True
             continue
+        if hold is not None:
+            held = hold
+            continue
         r.create.append(render_worker_pod(job, slot.index, slot.attempt))
         created = True
-    return created, in_backoff
+    return created, in_backoff, held
 
 
 def _ensure_slots(r: _Round, desired: int) -> None:
@@ -254,7 +285,7 @@ def _is_finishing(r: _Round, observed: Observed, desired: int) -> bool:
 
 
 def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
-                     now: datetime) -> tuple[Phase, str, str] | None:
+                     store: StoreReadiness, now: datetime) -> tuple[Phase, str, str] | None:
     failed = [loss for loss in r.acct.losses if loss.kind == "Failed"]
     last = f"{failed[-1].pod}: {failed[-1].reason}" if failed else ""
     spent = exhausted_budget(job.spec.restart_policy, restarts=r.acct.restarts,
@@ -265,6 +296,10 @@ def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finis
         return ("Failed", c.DEADLINE_EXCEEDED,
                 f"the job ran longer than spec.activeDeadlineSeconds "
                 f"({job.spec.active_deadline_seconds})")
+    if not finishing and (timed_out := store_timed_out(
+            job.spec.rendezvous.store, r.acct.store, store, store_name(job.metadata.name),
+            now=now)) is not None:
+        return "Failed", *timed_out
     if finishing and counts.running == 0:
         return ("Succeeded", c.ALL_WORKERS_SUCCEEDED,
                 "training finished: a worker exited 0 and no worker is running")
@@ -285,7 +320,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     r = _Round(acct=Accounting(
         slots=tuple(old.slots), losses=tuple(old.recent_losses), restarts=old.restarts,
         preemptions=old.preemptions, backoff_until=old.restart_backoff_until,
-        recovering_since=old.recovering_since))
+        recovering_since=old.recovering_since, store=old.rendezvous_store))
     if job.metadata.deletion_timestamp:
         # Being deleted: let the garbage collector take the pods; count and create nothing.
         return Plan(status=old, release_pods=tuple(p.name for p in observed.workers
@@ -296,6 +331,11 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     terminal_already = old.phase in TERMINAL
     desired = 0 if job.spec.suspend or terminal_already else job.spec.desired_workers
     _ensure_slots(r, desired)
+    if job.spec.suspend and not terminal_already:
+        r.acct = replace(r.acct, store=None)  # the store is deleted; a resume starts anew
+    elif desired:
+        r.acct = replace(r.acct, store=track_store(r.acct.store, observed.store, now=now))
+    store = derive_store_readiness(observed.store)
     finishing = _is_finishing(r, observed, desired)
     if not terminal_already:
         _account(r, job, observed, desired=desired, counting=not (finishing or blocking),
@@ -305,16 +345,17 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
     if old.phase == "Running" and not (terminal_already or finishing or blocking):
         hung = _restart_if_hung(r, job, observed, reports, desired=desired, now=now)
     counts = _counts(job, r, observed, desired)
-    terminal = None if terminal_already else _decide_terminal(job, r, counts,
-                                                              finishing=finishing, now=now)
+    terminal = None if terminal_already else _decide_terminal(
+        job, r, counts, finishing=finishing, store=store, now=now)
     created = in_backoff = False
+    held = None
     if terminal_already or terminal is not None:
         _finish(r, job, observed)
     else:
         _cleanup_stale(r, observed)
         if not blocking:
-            created, in_backoff = _converge(r, job, observed, desired=desired,
-                                            finishing=finishing, now=now)
+            created, in_backoff, held = _converge(r, job, observed, desired=desired,
+                                                  finishing=finishing, now=now)
     recovered = _recovery(r, observed, desired, now) if terminal is None else None
     if r.acct.backoff_until is not None and now >= r.acct.backoff_until:
         r.acct = replace(r.acct, backoff_until=None)
@@ -328,7 +369,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
                                               reports),
                       last_recovery=training or old.last_recovery,
                       fallback=newest_fallback(old.checkpoint_fallback,
-                                               [rep.fallback for rep in reports or ()]))
+                                               [rep.fallback for rep in reports or ()]),
+                      store=None if terminal_already else store, store_hold=held)
     status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              reports, now)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]

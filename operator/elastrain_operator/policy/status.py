@@ -24,6 +24,7 @@ from elastrain_operator.model.status import (
     ConditionStatus,
     Phase,
     Progress,
+    RendezvousStoreState,
     TrainingJobStatus,
     TrainingRecovery,
     WorkerLoss,
@@ -31,15 +32,18 @@ from elastrain_operator.model.status import (
 )
 from elastrain_operator.policy.checkpoints import checkpoints_condition
 from elastrain_operator.policy.fallback import describe_fallback, fallback_condition
+from elastrain_operator.policy.store import StoreReadiness
 
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Condition types whose changes are announced as events, in a stable order.
 ANNOUNCED = (c.VALID, c.CREATED, c.SUSPENDED, c.RUNNING, c.RESTARTING, c.ALL_WORKERS_RUNNING,
-             c.SUCCEEDED, c.FAILED, c.CHECKPOINTS_FAILING)
+             c.SUCCEEDED, c.FAILED, c.CHECKPOINTS_FAILING, c.RENDEZVOUS_STORE_READY)
 WARNING_REASONS = frozenset({
     c.INVALID_SPEC, c.BELOW_MIN_REPLICAS, c.WORKER_PREEMPTED, c.WORKER_FAILED, c.BACKOFF,
     c.WORKERS_PENDING, c.MAX_RESTARTS_EXCEEDED, c.MAX_PREEMPTIONS_EXCEEDED, c.DEADLINE_EXCEEDED,
-    c.CREATE_FAILED, c.CHECKPOINT_SAVE_FAILED,
+    c.CREATE_FAILED, c.CHECKPOINT_SAVE_FAILED, c.STORE_IMAGE_PULL_FAILED, c.STORE_CRASH_LOOPING,
+    c.STORE_UNSCHEDULABLE, c.STORE_CONTAINER_FAILED, c.STORE_LOST, c.WAITING_FOR_STORE,
+    c.RENDEZVOUS_STORE_NOT_READY,
 })
 
 
@@ -72,6 +76,7 @@ class Accounting:
     backoff_until: datetime | None = None
     recovering_since: datetime | None = None
     last_loss_reason: str = ""
+    store: RendezvousStoreState | None = None  # the store attempt (policy.store)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ class Outcome:
     progress: tuple[Progress | None, CheckpointRef | None] = field(default=(None, None))
     last_recovery: TrainingRecovery | None = None  # None: keep the status's
     fallback: CheckpointFallback | None = None  # a new one this round; None: keep the status's
+    store: StoreReadiness | None = None  # the store pod's readiness; None: keep the condition
+    store_hold: datetime | None = None  # missing workers wait for the store until then
 
 
 def make_condition(kind: str, status: bool, reason: str, message: str, *,
@@ -157,6 +164,10 @@ def _all_running_condition(phase: Phase, counts: WorkerCounts, outcome: Outcome,
         return False, c.JOB_SUSPENDED, "spec.suspend is true"
     if counts.desired and counts.running >= counts.desired:
         return True, c.WORKERS_RUNNING, f"all {counts.desired} workers running"
+    if outcome.store_hold is not None:
+        return False, c.WAITING_FOR_STORE, (
+            "replacing workers lost to the rendezvous store after "
+            f"{outcome.store_hold.isoformat()}, or once it is Ready")
     if outcome.in_backoff and acct.backoff_until is not None:
         return False, c.BACKOFF, ("replacing a failed worker after "
                                   f"{acct.backoff_until.isoformat()}")
@@ -202,6 +213,11 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
         put(c.CHECKPOINTS_FAILING, checkpoints)
     if (fallback := fallback_condition(outcome.fallback or job.status.checkpoint_fallback)):
         put(c.CHECKPOINT_FALLBACK, fallback)
+    if phase == "Suspended":
+        put(c.RENDEZVOUS_STORE_READY, (False, c.JOB_SUSPENDED, "spec.suspend is true"))
+    elif outcome.store is not None:
+        put(c.RENDEZVOUS_STORE_READY, (outcome.store.ready, outcome.store.reason,
+                                       outcome.store.message))
     return conds
 
 
@@ -232,6 +248,7 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
         "recovering_since": None if terminal else acct.recovering_since,
         "last_recovery": outcome.last_recovery or old.last_recovery,
         "checkpoint_fallback": outcome.fallback or old.checkpoint_fallback,
+        "rendezvous_store": acct.store,
         "start_time": start,
         "completion_time": old.completion_time or (now if terminal else None),
         "observed_generation": job.metadata.generation,

@@ -62,6 +62,9 @@ def render_store_pod(job: TrainingJob) -> Manifest:
             "ports": [{"name": RDZV_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
             "resources": STORE_RESOURCES,
             "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+            # A crash leaves its log's tail in lastState: RendezvousStoreReady quotes its last
+            # line (a store image without python3 or torch says so there).
+            "terminationMessagePolicy": "FallbackToLogsOnError",
         }],
     }
     if store.node_selector:

@@ -60,9 +60,9 @@ def test_subresources_and_columns() -> None:
         "labelSelectorPath": ".status.selector"}
     names = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert names == ["Phase", "Workers", "Step", "Last Checkpoint", "Restarts", "Preemptions",
-                     "Failed Saves", "Age"]
+                     "Failed Saves", "Store", "Age"]
     status_props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     for column in version["additionalPrinterColumns"]:
-        path = column["jsonPath"].split(".")
+        path = column["jsonPath"].split("[", 1)[0].split(".")
         if path[1] == "status":
             assert path[2] in status_props, column

@@ -35,7 +35,7 @@ def test_describe_shows_workers_budgets_progress_and_losses() -> None:
     assert "Progress: step 42/100, loss 2.5, world size 1" in text
     assert "Last checkpoint: step 40 s3://bkt/run/40" in text
     assert "Restarts 0/3, preemptions 1/5" in text
-    assert "Rendezvous store: demo-rdzv Pending on unscheduled" in text
+    assert "Rendezvous store: demo-rdzv Running on unscheduled\n" in text
     rows = [line.split() for line in text.splitlines() if line.startswith("  0 ")
             or line.startswith("  1 ")]
     assert rows[0][:6] == ["0", "demo-worker-0-0", "Running", "yes", "node-a", "0"]

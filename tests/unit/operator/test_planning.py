@@ -16,8 +16,9 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import WORKER_FINALIZER
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.failures import read_worker_pod
-from elastrain_operator.policy.planning import Observed, Plan, StorePod, plan
+from elastrain_operator.policy.planning import Observed, Plan, plan
 from elastrain_operator.policy.progress import parse_progress
+from elastrain_operator.policy.store import read_store_pod
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -30,6 +31,8 @@ class World:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     services: set[str] = field(default_factory=set)
     deleted_job: bool = False
+    clock: datetime = T0  # the apiserver's: stamps creationTimestamp
+    created: int = 0
 
     @classmethod
     def new(cls, **spec: Any) -> World:
@@ -47,9 +50,7 @@ class World:
         store = self.pods.get("demo-rdzv")
         return Observed(
             workers=tuple(w for w in workers if w is not None),
-            store=None if store is None else StorePod(
-                phase=store["status"]["phase"],
-                deleting="deletionTimestamp" in store["metadata"]),
+            store=None if store is None else read_store_pod(store),
             services=frozenset(self.services), progress=progress)
 
     def plan(self, now: datetime, **kw: Any) -> Plan:
@@ -72,6 +73,7 @@ class World:
             step()
 
     def reconcile(self, now: datetime, **kw: Any) -> Plan:
+        self.clock = now
         p = self.plan(now, **kw)
         self.apply(p)
         return p
@@ -82,6 +84,9 @@ class World:
             self.services.add(name)
         elif name not in self.pods:
             pod = copy.deepcopy(manifest)
+            self.created += 1
+            pod["metadata"].update(uid=f"{name}-{self.created}",
+                                   creationTimestamp=self.clock.isoformat())
             pod["status"] = {"phase": "Pending"}
             self.pods[name] = pod
 
@@ -120,9 +125,14 @@ class World:
         self.pods[name]["status"] = status
 
     def run_all(self) -> None:
+        """Starts every pending worker, and the store pod (Ready), as a kubelet would."""
         for name in self.workers():
             if self.pods[name]["status"]["phase"] == "Pending":
                 self.set_pod(name, "Running")
+        store = self.pods.get("demo-rdzv")
+        if store is not None and store["status"]["phase"] == "Pending":
+            store["status"] = {"phase": "Running",
+                               "conditions": [{"type": "Ready", "status": "True"}]}
 
     def workers(self, *, live: bool = True) -> list[str]:
         return sorted(n for n, p in self.pods.items()

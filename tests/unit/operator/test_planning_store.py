@@ -1,0 +1,129 @@
+"""plan() with a rendezvous store that never works: told, not counted, paced, and bounded."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from elastrain_operator.describe import describe_job
+from elastrain_operator.model import conditions as c
+from tests.unit.operator.test_planning import T0, World
+
+LOST = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
+        "the C10d store has failed. See inner exception for details.")
+PULL = {"containerStatuses": [{"name": "rdzv-store", "restartCount": 0, "state": {"waiting": {
+    "reason": "ImagePullBackOff", "message": 'Back-off pulling image "store:nope"'}}}]}
+
+
+def at(seconds: float) -> Any:
+    return T0 + timedelta(seconds=seconds)
+
+
+def broken_store(**spec: Any) -> World:
+    """Workers running, the store pod stuck pulling an image that does not exist."""
+    w = World.new(**spec)
+    w.reconcile(at(0))
+    w.pods["demo-rdzv"]["status"] = {"phase": "Pending", **PULL}
+    for name in w.workers():
+        w.set_pod(name, "Running")
+    w.reconcile(at(1))
+    return w
+
+
+def test_a_store_that_never_becomes_ready_is_a_condition_with_the_kubelets_reason() -> None:
+    w = broken_store()
+    cond = w.condition(c.RENDEZVOUS_STORE_READY)
+    assert (cond["status"], cond["reason"]) == ("False", c.STORE_IMAGE_PULL_FAILED)
+    assert cond["message"] == 'ImagePullBackOff: Back-off pulling image "store:nope"'
+    assert w.status["rendezvousStore"] == {"uid": "demo-rdzv-1", "created": "2026-01-01T00:00:00Z",
+                                           "workersLost": 0}
+    text = describe_job(w.job, list(w.pods.values()))
+    assert ("Rendezvous store: demo-rdzv Pending on unscheduled: not Ready, "
+            "StoreImagePullFailed: ImagePullBackOff") in text
+    assert "  RendezvousStoreReady=False StoreImagePullFailed: ImagePullBackOff" in text
+
+
+def test_workers_lost_to_it_are_not_preemptions_and_are_paced() -> None:
+    w = broken_store(restartPolicy={"backoffSeconds": 10, "maxBackoffSeconds": 300})
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1, message=LOST)
+    w.set_pod("demo-worker-1-0", "Failed", exit_code=1, message=LOST)
+    p = w.reconcile(at(90))
+    assert (w.status["preemptions"], w.status["restarts"]) == (0, 0)
+    assert p.counted_preemptions == p.counted_restarts == 0 and p.create == ()
+    told = [e for e in p.events if "lost the rendezvous store demo-rdzv" in e.message]
+    assert [e.reason for e in told] == [c.WAITING_FOR_STORE] * 2, p.events
+    assert "not counted as a preemption; replaced after 2026-01-01T00:01:" in told[0].message
+    assert w.status["rendezvousStore"]["workersLost"] == 2
+    assert w.status["rendezvousStore"]["replaceAfter"] == "2026-01-01T00:01:50Z"  # 90 + 20
+    assert w.condition(c.ALL_WORKERS_RUNNING)["reason"] == c.WAITING_FOR_STORE
+    assert w.reconcile(at(109)).create == ()
+    created = w.reconcile(at(110)).create
+    assert sorted(m["metadata"]["name"] for m in created) == ["demo-worker-0-1", "demo-worker-1-1"]
+    text = describe_job(w.job, list(w.pods.values()))
+    assert "(2 worker(s) lost to it, not counted)" in text
+
+
+def test_after_the_bound_the_job_fails_naming_the_store() -> None:
+    w = broken_store(rendezvous={"store": {"readyTimeoutSeconds": 120}})
+    assert w.reconcile(at(119)).status.phase != "Failed"
+    p = w.reconcile(at(120))
+    assert w.status["phase"] == "Failed"
+    failed = w.condition(c.FAILED)
+    assert failed["reason"] == c.RENDEZVOUS_STORE_NOT_READY
+    assert failed["message"].startswith(
+        "the rendezvous store pod demo-rdzv was not Ready within "
+        "spec.rendezvous.store.readyTimeoutSeconds (120); StoreImagePullFailed: ")
+    assert c.RENDEZVOUS_STORE_NOT_READY in [e.reason for e in p.events]
+    assert "demo-rdzv" in p.delete_pods
+    # Terminal: the condition keeps telling why.
+    w.reconcile(at(121))
+    assert w.condition(c.RENDEZVOUS_STORE_READY)["reason"] == c.STORE_IMAGE_PULL_FAILED
+
+
+def test_a_store_that_becomes_ready_later_clears_and_releases_the_waiting_workers() -> None:
+    w = broken_store(restartPolicy={"backoffSeconds": 300, "maxBackoffSeconds": 300},
+                     rendezvous={"store": {"readyTimeoutSeconds": 600}})
+    w.set_pod("demo-worker-1-0", "Failed", exit_code=1, message=LOST)
+    assert w.reconcile(at(60)).create == ()
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running",
+                                     "conditions": [{"type": "Ready", "status": "True"}]}
+    p = w.reconcile(at(61))
+    assert [m["metadata"]["name"] for m in p.create] == ["demo-worker-1-1"]
+    cond = w.condition(c.RENDEZVOUS_STORE_READY)
+    assert (cond["status"], cond["reason"]) == ("True", c.STORE_READY)
+    assert any(e.reason == c.STORE_READY for e in p.events)
+    assert w.status["rendezvousStore"]["readyAt"] == "2026-01-01T00:01:01Z"
+    # Past the bound, a store that was Ready once never fails the job.
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running", **PULL}
+    w.reconcile(at(900))
+    assert w.status["phase"] != "Failed"
+    # Losing a store that was Ready is the platform's loss: a preemption, as before.
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1, message=LOST)
+    w.reconcile(at(901))
+    assert w.status["preemptions"] == 1
+
+
+def test_a_worker_that_knew_the_previous_store_is_preempted_by_its_loss() -> None:
+    """The store pod was deleted: its replacement is not Ready yet when the workers that used
+    the old one exit; they lost a working store, so they count as preemptions."""
+    w = World.new()
+    w.reconcile(at(0))
+    w.run_all()
+    w.reconcile(at(1))
+    del w.pods["demo-rdzv"]
+    w.reconcile(at(20))  # recreated
+    w.reconcile(at(21))  # seen: a new attempt, never Ready yet
+    assert w.status["rendezvousStore"]["uid"] != "demo-rdzv-1"
+    w.set_pod("demo-worker-0-0", "Failed", exit_code=1, message=LOST)
+    w.reconcile(at(22))
+    assert (w.status["preemptions"], w.status["rendezvousStore"]["workersLost"]) == (1, 0)
+
+
+def test_suspend_forgets_the_store_attempt() -> None:
+    w = broken_store(rendezvous={"store": {"readyTimeoutSeconds": 60}})
+    w.job["spec"]["suspend"] = True
+    w.reconcile(at(30))
+    assert "rendezvousStore" not in w.status
+    assert w.condition(c.RENDEZVOUS_STORE_READY)["reason"] == c.JOB_SUSPENDED
+    w.reconcile(at(300))
+    assert w.status["phase"] == "Suspended"
