@@ -17,6 +17,23 @@ from tests.e2e.conftest import NodeCluster
 from tests.e2e.support import event_reasons, job_status, make_job, wait_for
 
 
+def _arm_faults(k: Any, job: dict[str, Any], **knobs: str) -> None:
+    """Fault injection the one way the trainer honours (elastrain_trainer.fault_injection): a
+    file, here from a ConfigMap mounted into the worker pods; hang_at_step="10" ->
+    ELASTRAIN_FAULT_HANG_AT_STEP=10."""
+    name, ns, folder = f"{job['metadata']['name']}-faults", job["metadata"]["namespace"], \
+        "/etc/elastrain-faults"
+    text = "".join(f"ELASTRAIN_FAULT_{key.upper()}={value}\n" for key, value in knobs.items())
+    k.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+             "data": {"faults.env": text}})
+    template = job["spec"].setdefault("template", {})
+    template.setdefault("volumes", []).append({"name": "faults", "configMap": {"name": name}})
+    template.setdefault("volumeMounts", []).append(
+        {"name": "faults", "mountPath": folder, "readOnly": True})
+    job["spec"]["env"].append({"name": "ELASTRAIN_FAULT_INJECTION_FILE",
+                               "value": f"{folder}/faults.env"})
+
+
 def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
@@ -41,8 +58,7 @@ def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_excepti
     # group resumes at world 2 and a rank 1 trains step 6 again. With 1, the survivor went on
     # alone (no rank 1), passed step 6 before the replacement joined, and the job succeeded
     # after one crash (seen once in CI).
-    job["spec"]["env"] += [{"name": "ELASTRAIN_FAULT_CRASH_AT_STEP", "value": "6"},
-                           {"name": "ELASTRAIN_FAULT_CRASH_RANK", "value": "1"}]
+    _arm_faults(k, job, crash_at_step="6", crash_rank="1")
     job["spec"]["restartPolicy"] = {"maxRestarts": 1, "backoffSeconds": 1}
     k.apply(job)
     status = wait_for("the job Failed", lambda: _phase(k, ns, "crashy", "Failed"), timeout=420)
@@ -68,7 +84,7 @@ def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
     job = make_job("stuck", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
                    bucket=node.s3.bucket, steps=400, replicas=2, interval_steps=4,
                    step_sleep=4.5, hangTimeoutSeconds=timeout)
-    job["spec"]["env"] += [{"name": "ELASTRAIN_FAULT_HANG_AT_STEP", "value": "10"}]
+    _arm_faults(k, job, hang_at_step="10")
     job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
     k.apply(job)
     wait_for("step 9 reported", lambda: (job_status(k, ns, "stuck").get("progress") or {})

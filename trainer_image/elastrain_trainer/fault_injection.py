@@ -1,4 +1,7 @@
-"""Test-only faults, switched on by environment variables (never by the operator's spec).
+"""Test-only faults, armed by a file that a test harness writes, never by environment alone.
+
+The knobs are read only from the file that ELASTRAIN_FAULT_INJECTION_FILE names, one KEY=VALUE a
+line (blank lines and `#` comments allowed):
 
     ELASTRAIN_FAULT_CRASH_AT_STEP=N   raise RuntimeError once step N has trained
     ELASTRAIN_FAULT_CRASH_RANK=R      ... on global rank R only (default: every rank)
@@ -7,27 +10,96 @@
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
 
+Why a file: a fault must never fire because a variable reached a worker, copied from a test into
+a job's spec.env or left in the shell that runs `elastrain run --local`. The same names set as
+environment variables do nothing (the worker says once that it ignores them), and the operator
+never renders ELASTRAIN_FAULT_INJECTION_FILE. A file means someone wrote it and put it where the
+worker reads it: the integration tests write one under their tmp_path and name it in the
+worker's environment (tests/integration/trainer/test_crash_budget.py); the e2e tests put one in a
+ConfigMap mounted into the worker pods (tests/e2e/test_faults.py). A user can arm a fault only
+as deliberately, by writing such a file into the pod and naming it in spec.env.
+
+Without ELASTRAIN_FAULT_INJECTION_FILE the step loop pays one environment lookup. A named file
+that is missing, or holds an unknown key or a value that is not a number, is a configuration
+error (ValueError): a harness that meant a fault must not get a run without it.
+
 The end-to-end and integration tests use them to prove the crash budget and the hang watchdog
 on real processes; a crash fires again after every resume that trains step N again.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+
+FILE_VARIABLE = "ELASTRAIN_FAULT_INJECTION_FILE"
+PREFIX = "ELASTRAIN_FAULT_"
+CRASH_AT_STEP = "ELASTRAIN_FAULT_CRASH_AT_STEP"
+CRASH_RANK = "ELASTRAIN_FAULT_CRASH_RANK"
+CRASH_ONCE = "ELASTRAIN_FAULT_CRASH_ONCE"
+HANG_AT_STEP = "ELASTRAIN_FAULT_HANG_AT_STEP"
+NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP)
+KNOBS = (*NUMBERS, CRASH_ONCE)
+
+_ignored_told = False
 
 
 class InjectedCrash(RuntimeError):
     """The crash ELASTRAIN_FAULT_CRASH_AT_STEP asked for."""
 
 
+def parse_knobs(text: str, source: str) -> dict[str, str]:
+    """The knobs of a fault file's text; ValueError names `source` and what is wrong."""
+    knobs: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = (part.strip() for part in line.partition("="))
+        if not sep or key not in KNOBS:
+            raise ValueError(f"{source}:{number}: {line!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(KNOBS)}")
+        if key in NUMBERS and not value.lstrip("-").isdigit():
+            raise ValueError(f"{source}:{number}: {key} must be a whole number, not {value!r}")
+        knobs[key] = value
+    return knobs
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: str) -> dict[str, str]:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"{FILE_VARIABLE}={path}: cannot read the fault file: {err}") from None
+    return parse_knobs(text, path)
+
+
+def read_knobs(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The armed knobs: those of the file env names, else none (told once if env sets some)."""
+    global _ignored_told
+    path = env.get(FILE_VARIABLE)
+    if path:
+        return _read(path)
+    if not _ignored_told:
+        _ignored_told = True
+        if ignored := sorted(k for k in env if k.startswith(PREFIX)):
+            print(f"elastrain: ignoring {', '.join(ignored)}: fault injection is read only from "
+                  f"the file {FILE_VARIABLE} names (elastrain_trainer.fault_injection)",
+                  flush=True)
+    return {}
+
+
 def after_step(step: int, rank: int, *, fresh: bool,
                env: Mapping[str, str] = os.environ) -> None:
-    crash_at = int(env.get("ELASTRAIN_FAULT_CRASH_AT_STEP") or 0)
-    crash_rank = int(env.get("ELASTRAIN_FAULT_CRASH_RANK") or -1)
-    once = env.get("ELASTRAIN_FAULT_CRASH_ONCE")
+    knobs = read_knobs(env)
+    if not knobs:
+        return
+    crash_at = int(knobs.get(CRASH_AT_STEP) or 0)
+    crash_rank = int(knobs.get(CRASH_RANK) or -1)
+    once = knobs.get(CRASH_ONCE)
     if crash_at and step == crash_at and crash_rank in (-1, rank):
         if once:
             try:
@@ -35,9 +107,9 @@ def after_step(step: int, rank: int, *, fresh: bool,
             except FileExistsError:
                 return
         raise InjectedCrash(f"injected crash at step {step} on rank {rank} "
-                            "(ELASTRAIN_FAULT_CRASH_AT_STEP)")
-    hang_at = int(env.get("ELASTRAIN_FAULT_HANG_AT_STEP") or 0)
+                            f"({CRASH_AT_STEP})")
+    hang_at = int(knobs.get(HANG_AT_STEP) or 0)
     if hang_at and step == hang_at and fresh:
         print(f"elastrain: injected hang at step {step} on rank {rank} "
-              "(ELASTRAIN_FAULT_HANG_AT_STEP)", flush=True)
+              f"({HANG_AT_STEP})", flush=True)
         threading.Event().wait()

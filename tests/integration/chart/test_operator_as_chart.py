@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SA = "elastrain"
 RECONCILES = "elastrain_operator_reconcile_duration_seconds_count"  # every reconcile, any result
+TICKERS = "elastrain_operator_tickers"  # per-job tickers running on this replica
 
 
 def _eventually(what: str, probe: Callable[[], Any], timeout: float, logs: Callable[[], str]
@@ -168,9 +169,13 @@ def _start_replica(container: dict[str, Any], kubeconfig: Path, pod: str, log_pa
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def _reconciles(port: int, logs: Callable[[], str]) -> float:
+def _sample(port: int, name: str, logs: Callable[[], str]) -> float:
     samples = _eventually(f"/metrics on port {port}", lambda: scrape(port), 10, logs)
-    return float(samples[RECONCILES])
+    return float(samples[name])
+
+
+def _reconciles(port: int, logs: Callable[[], str]) -> float:
+    return _sample(port, RECONCILES, logs)
 
 
 def _steady_reconciles(port: int, logs: Callable[[], str], quiet: float = 3.0) -> float:
@@ -238,13 +243,24 @@ def test_charts_ha_values_run_two_replicas_of_which_one_acts(
         print(f"reconciles before the replicas settled: {before} (priorities {priorities})")
         kubectl(monitoring_crds, "apply", "-n", kube_namespace, "-f", "-",
                 input_text=json.dumps(make_job_manifest("ha")))
-        _eventually("worker pods created", lambda: json.loads(kubectl(
-            monitoring_crds, "get", "pods", "-n", kube_namespace, "-o", "json", "-l",
-            "elastrain.dev/job-name=ha,elastrain.dev/role=worker").stdout)["items"], 60, logs)
-        time.sleep(3)  # three timer rounds: a paused replica's timers would have fired by now
+        def workers() -> int:
+            return len(json.loads(kubectl(
+                monitoring_crds, "get", "pods", "-n", kube_namespace, "-o", "json", "-l",
+                "elastrain.dev/job-name=ha,elastrain.dev/role=worker").stdout)["items"])
+
+        _eventually("worker pods created", lambda: workers() == 2, 60, logs)
+        # What a replica that acts does, seen on the active one, before the paused one is
+        # judged by not doing it: its ticker for the job runs, and it answered a later change
+        # too (a scale-up made after the first workers existed), so the paused replica, which
+        # saw the job's creation as early, would have reconciled it and started its ticker.
+        kubectl(monitoring_crds, "scale", "-n", kube_namespace, "tj/ha", "--replicas=3")
+        _eventually("the third worker created", lambda: workers() == 3, 60, logs)
+        _eventually("the active replica's ticker for the job",
+                    lambda: _sample(ports[active][1], TICKERS, logs) >= 1, 30, logs)
         after = {pod: _reconciles(ports[pod][1], logs) for pod in pods}
         assert after[active] > before[active], (priorities, before, after)
         assert after[paused] == before[paused], (priorities, before, after, logs()[-8000:])
+        assert _sample(ports[paused][1], TICKERS, logs) == 0, logs()[-8000:]
         assert all(proc.poll() is None for proc in procs.values()), logs()
     finally:
         for proc in procs.values():

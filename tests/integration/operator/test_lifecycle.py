@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -274,8 +273,11 @@ def test_invalid_spec_is_a_condition_not_a_crash(cluster: Cluster, operator: Ope
 
 class _Progress(BaseHTTPRequestHandler):
     payload: dict[str, Any] = {}
+    polls = 0  # GET /progress answered: the operator's polls, seen from the worker's side
 
     def do_GET(self) -> None:
+        if self.path == "/progress":
+            type(self).polls += 1
         body = json.dumps(self.payload).encode()
         self.send_response(200 if self.path == "/progress" else 404)
         self.send_header("Content-Type", "application/json")
@@ -291,6 +293,7 @@ def progress_server() -> Iterator[ThreadingHTTPServer]:
     _Progress.payload = {"step": 42, "totalSteps": 100, "loss": 2.5, "worldSize": 2,
                          "lastCheckpoint": {"step": 40, "uri": "s3://bucket/run/step-40",
                                             "time": "2026-01-01T00:00:00Z"}}
+    _Progress.polls = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Progress)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -336,10 +339,13 @@ def test_training_recovery_is_recorded_once_per_loss(
              "count 1.0" in (_get(f"http://127.0.0.1:{metrics_port}/metrics") or ""))
     # The same report, polled again and by a restarted operator, records nothing more.
     op.kill()
+    polled = _Progress.polls
     op.start()
     wait_for("the restarted operator reconciling", lambda: 'reconcile_total{result="success"}'
              in (_get(f"http://127.0.0.1:{metrics_port}/metrics") or ""))
-    time.sleep(3)  # progress is polled every second
+    # A job's polls run one at a time, each planned on before the next: the third poll by the
+    # restarted operator means it has planned on the same report at least twice.
+    wait_for("three polls by the restarted operator", lambda: _Progress.polls >= polled + 3)
     text = _get(f"http://127.0.0.1:{metrics_port}/metrics") or ""
     assert "elastrain_operator_training_recovery_seconds_count 0.0" in text
     assert len(cluster.events("TrainingResumed")) == 1

@@ -55,13 +55,21 @@ def supervise(tmp: Path, env: dict[str, str], workers: int, budget: RestartBudge
     return cluster, outcome
 
 
+def faults(tmp: Path, **knobs: str) -> dict[str, str]:
+    """Arm fault injection the one way the trainer honours: a file the harness writes
+    (elastrain_trainer.fault_injection); crash_at_step="10" -> ELASTRAIN_FAULT_CRASH_AT_STEP=10."""
+    path = tmp / "faults.env"
+    path.write_text("".join(f"ELASTRAIN_FAULT_{k.upper()}={v}\n" for k, v in knobs.items()))
+    return {"ELASTRAIN_FAULT_INJECTION_FILE": str(path)}
+
+
 def events(cluster: LocalCluster, kind: str) -> list[dict]:  # type: ignore[type-arg]
     return [r for _, r in cluster.records if r["event"] == kind]
 
 
 def test_a_crash_at_step_n_spends_the_budget_then_fails_with_its_message(tmp_path: Path) -> None:
     env = trainer_env(tmp_path, STEPS="40", CHECKPOINT_INTERVAL_STEPS="4",
-                      FAULT_CRASH_AT_STEP="10", FAULT_CRASH_RANK="1")
+                      **faults(tmp_path, crash_at_step="10", crash_rank="1"))
     cluster, outcome = supervise(tmp_path, env, 2, RestartBudget(max_restarts=2))
     # Exactly maxRestarts + 1 attempts crashed, each with the trainer's own exception.
     assert outcome.restarts == 3 and len(outcome.crashes) == 3, outcome
@@ -80,8 +88,9 @@ def test_a_counted_crash_is_replaced_and_lost_peers_do_not_count(tmp_path: Path)
     the replacement after the crash joins the same rendezvous and training finishes."""
     env = trainer_env(tmp_path, STEPS="36", CHECKPOINT_INTERVAL_STEPS="4",
                       GLOBAL_BATCH_SIZE="12",
-                      STEP_SLEEP_SECONDS="0.15", FAULT_CRASH_AT_STEP="8",
-                      FAULT_CRASH_RANK="2", FAULT_CRASH_ONCE=str(tmp_path / "crashed"))
+                      STEP_SLEEP_SECONDS="0.15",
+                      **faults(tmp_path, crash_at_step="8", crash_rank="2",
+                               crash_once=str(tmp_path / "crashed")))
 
     def script(cluster: LocalCluster) -> None:
         assert cluster.wait_for(lambda rs: any(r["event"] == "step" and r["step"] >= 16
@@ -138,7 +147,8 @@ def test_run_local_applies_the_specs_restart_policy(tmp_path: Path) -> None:
         "spec": {"image": "unused", "replicas": 1,
                  "trainer": {"model": "gpt-tiny", "steps": 20, "seqLen": 32,
                              "globalBatchSize": 4, "microBatchSize": 2},
-                 "env": [{"name": "ELASTRAIN_FAULT_CRASH_AT_STEP", "value": "3"}],
+                 "env": [{"name": k, "value": v}
+                         for k, v in faults(tmp_path, crash_at_step="3").items()],
                  "restartPolicy": {"maxRestarts": 1, "backoffSeconds": 1}},
     }
     path = tmp_path / "job.yaml"
