@@ -87,6 +87,11 @@ bench-operator: venv build-deps  ## the operator at scale: 1000 jobs x 4 workers
 bench-recovery-node: venv build-deps  ## recovery on the real node: 12 worker pods evicted one at a time, p50/max and where the time goes (root; ~15 min here)
 	$(BIN)/python bench/recovery_node.py $(BENCH_ARGS)
 
+TORCHFT_PYTHON ?= /tmp/tfv/bin/python
+.PHONY: bench-inprocess
+bench-inprocess: venv  ## in-process regroup + peer state transfer vs torchft (TORCHFT_PYTHON, a venv of its own) vs the restart path (~7 min here)
+	$(BIN)/python bench/inprocess_regroup.py --torchft-python $(TORCHFT_PYTHON) $(BENCH_ARGS)
+
 TIER ?= a+
 .PHONY: cluster-up
 cluster-up: venv build-deps  ## start a cluster and MinIO for humans: TIER=a+ (loopback, fake node) or TIER=node (a real kubelet node, root)
