@@ -42,8 +42,8 @@ DEFAULT_NAMES = ("pause", "operator", "trainer")
 PYPI = "https://pypi.org/simple"
 WHEELS_IN_BUILD = "/wheels"
 # The trainer's torch, pinned so that an image's input hash never depends on what a venv resolved
-# (`torch>=2.6` in pyproject.toml): the version the project venv has today, so the e2e tier runs
-# the torch the other tiers test. Raise it together with the venv's.
+# (within pyproject.toml's `torch>=2.15,<2.16`): the version the project venv has today, so the
+# e2e tier runs the torch the other tiers test. Raise it together with the venv's and that range.
 TORCH_VERSION = "2.15.0"
 # torch's requirements the CPU trainer leaves out (TORCH_SKIP_DEPS in trainer_image/Dockerfile):
 # loaded only by torch.compile and CUDA Python code. PyPI's nvidia-* wheels must stay: torch's own

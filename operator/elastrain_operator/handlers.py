@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import random
 import time
 from typing import Any
@@ -89,6 +90,23 @@ async def on_owned_service_event(*, type: str | None, body: kopf.Body, memo: Any
     await _on_child_event("services", type, body, memo)
 
 
+# What pyproject.toml pins kopf to: the versions the tests ran.
+KOPF_TESTED = ">=1.45,<1.46"
+
+
+def _spawning(registry: kopf.OperatorRegistry) -> Any:
+    if not hasattr(registry, "_spawning"):
+        raise _missing_hook("OperatorRegistry._spawning")
+    return registry._spawning
+
+
+def _missing_hook(hook: str) -> RuntimeError:
+    return RuntimeError(
+        f"kopf {importlib.metadata.version('kopf')} has no {hook}, which elastrain needs to run "
+        f"a ticker per job without a finalizer; elastrain is tested with kopf{KOPF_TESTED} "
+        f"(pyproject.toml): install one of those")
+
+
 def daemon_without_finalizer(fn: Any) -> Any:
     """@kopf.daemon on TrainingJobs, minus the finalizer kopf puts on every object a daemon runs
     for (so that the daemon stops before the object goes). Ours only queues checks; the
@@ -97,12 +115,16 @@ def daemon_without_finalizer(fn: Any) -> Any:
     daemon to exit. kopf has no switch for it, so the handler kopf.daemon builds is registered
     with requires_finalizer=False instead (kopf's private `_spawning`: the registry has no
     public way to add a built handler). Without the finalizer kopf never sees the deletion
-    coming and does not stop the daemon: the job's DELETED event does (tickers.py)."""
+    coming and does not stop the daemon: the job's DELETED event does (tickers.py).
+    elastrain_trainer.private_hooks lists this with the trainer's private hooks; a kopf without
+    them stops the operator at import with a message naming the hook and the tested kopf."""
     scratch = kopf.OperatorRegistry()
     # cancellation_timeout: kopf cancels the daemon's task at once when it stops it.
     kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=1.0, registry=scratch)(fn)
-    (handler,) = scratch._spawning.get_all_handlers()
-    kopf.get_default_registry()._spawning.append(
+    (handler,) = _spawning(scratch).get_all_handlers()
+    if "requires_finalizer" not in {f.name for f in dataclasses.fields(handler)}:
+        raise _missing_hook(f"{type(handler).__name__}.requires_finalizer")
+    _spawning(kopf.get_default_registry()).append(
         dataclasses.replace(handler, requires_finalizer=False))
     return fn
 

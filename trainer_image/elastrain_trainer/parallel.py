@@ -16,13 +16,18 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.model import GPT
 from elastrain_trainer.ports import free_port
+from elastrain_trainer.private_hooks import import_private
+
+# A private torch module (elastrain_trainer.private_hooks): a torch without it stops the worker.
+checkpoint_wrapper = import_private(
+    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper",
+    library="torch", needed_for="for activation checkpointing (parallel.py)")
 
 # A dead peer normally fails gloo at once; this bounds the cases where it does not.
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)

@@ -23,7 +23,6 @@ from typing import IO, Any, TypeVar, cast
 
 import torch
 import torch.serialization
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
@@ -54,6 +53,14 @@ from elastrain_trainer.checkpoint.storage import (
     StreamingStorage,
     join,
 )
+from elastrain_trainer.private_hooks import import_private, require, require_dcp_hooks
+
+# torch internals (elastrain_trainer.private_hooks): a worker whose torch lacks one stops here.
+require_dcp_hooks()
+narrow_tensor_by_index = import_private(
+    "torch.distributed._shard._utils", "narrow_tensor_by_index", library="torch",
+    needed_for="to take the part of a saved tensor a read asks for (checkpoint/dcp_io.py)")
+_SWAPPED_FS = "to put DCP's files in elastrain's storage, not the local disk (checkpoint/dcp_io.py)"
 
 CommitFn = Callable[[dict[str, FileDigest], int], None]
 T = TypeVar("T")
@@ -253,6 +260,8 @@ class CheckpointWriter(FileSystemWriter):
 
     def __init__(self, storage: CheckpointStorage, step_key: str, commit: CommitFn) -> None:
         super().__init__(step_key, sync_files=False, overwrite=True)
+        require(self, "fs", library="torch", needed_for=_SWAPPED_FS,
+                owner_name="FileSystemWriter")
         # DCP drives any FileSystemBase through this attribute (as its fsspec writer does).
         self._fs = StorageFileSystem(storage)
         self.fs = self._fs  # type: ignore[assignment]
@@ -288,6 +297,9 @@ class CheckpointReader(FileSystemReader):
     def __init__(self, storage: CheckpointStorage, step_key: str,
                  files: dict[str, FileDigest], metadata: Metadata | None = None) -> None:
         super().__init__(step_key)
+        for name in ("fs", "storage_data", "load_id"):
+            require(self, name, library="torch", needed_for=_SWAPPED_FS,
+                    owner_name="FileSystemReader")
         self._storage = storage
         self.fs = StorageFileSystem(storage, verify=files)  # type: ignore[assignment]
         self.path = step_key

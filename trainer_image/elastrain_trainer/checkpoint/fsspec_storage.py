@@ -83,7 +83,7 @@ class FsspecStorage:
             except ImportError as e:  # installed but broken, or a scheme not in SCHEMES
                 raise MissingBackendError(f"{uri}: cannot load its fsspec filesystem: {e}") from e
         self.fs = fs
-        self.root = fs._strip_protocol(uri).rstrip("/")
+        self.root = fsspec.core.strip_protocol(uri).rstrip("/")
         self._scheme = scheme_of(uri) or "file"
         self._local = "file" in _protocols(fs)
 

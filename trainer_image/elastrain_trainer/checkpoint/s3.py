@@ -46,6 +46,7 @@ from elastrain_trainer.checkpoint.s3_transfer import (
     read_ranges,
 )
 from elastrain_trainer.checkpoint.storage import ObjectSizeError
+from elastrain_trainer.private_hooks import require
 
 MIB = 1 << 20
 TRANSFER = TransferConfig(multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB,
@@ -138,6 +139,7 @@ class S3Storage:
         self.part_bytes = part_bytes  # of streamed writes and reads (S3's minimum is 5 MiB)
         self.client = client or boto3.client("s3", endpoint_url=endpoint_url,
                                              config=CLIENT_CONFIG)
+        _credentials(self.client)  # a botocore without the private hook stops here, not later
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -332,8 +334,13 @@ def describe_access(storage: S3Storage) -> str:
 
 
 def _credentials(client: Any) -> Any:
-    # The client's own resolved credentials (botocore keeps them on its request signer).
-    return getattr(getattr(client, "_request_signer", None), "_credentials", None)
+    # The client's own resolved credentials (botocore keeps them on its request signer; a
+    # private hook, elastrain_trainer.private_hooks); None when none were found.
+    why = "to say which credentials a refused request used"
+    signer = require(client, "_request_signer", library="botocore", owner_name="BaseClient",
+                     needed_for=why)
+    return require(signer, "_credentials", library="botocore", owner_name="RequestSigner",
+                   needed_for=why)
 
 
 def _masked_key(client: Any) -> str:

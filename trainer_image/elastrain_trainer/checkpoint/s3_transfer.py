@@ -29,6 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from elastrain_trainer.checkpoint.storage import ObjectSizeError
+from elastrain_trainer.events import emit
+from elastrain_trainer.private_hooks import TESTED, installed
 
 MIB = 1 << 20
 PART_BYTES = 16 * MIB
@@ -267,6 +269,21 @@ def _get_range(client: Any, bucket: str, key: str, into: memoryview, start: int,
         return
 
 
+_no_direct_read_said = threading.Event()
+
+
+def _say_no_direct_read(body: Any) -> None:
+    """One `private_hook_missing` event per process: reads work, but copy every range."""
+    if _no_direct_read_said.is_set():
+        return
+    _no_direct_read_said.set()
+    emit("private_hook_missing", hook="StreamingBody._raw_stream._fp",
+         body=type(body).__qualname__, botocore=installed("botocore"),
+         urllib3=installed("urllib3"), tested=f"botocore{TESTED['botocore']}, "
+                                              f"urllib3{TESTED['urllib3']}",
+         effect="S3 reads copy every range (slower, still correct)")
+
+
 def _read_body_into(body: Any, into: memoryview) -> int:
     """Read a response body into `into`, straight from the socket where the stream allows.
 
@@ -274,10 +291,13 @@ def _read_body_into(body: Any, into: memoryview) -> int:
     of every range made while holding the GIL (seen in a profile of a 3.6 GB load: the range
     threads took turns copying). http.client's response beneath it reads into the buffer
     given; botocore asks urllib3 for the body undecoded, so its bytes are the same.
+    `_raw_stream` and `_fp` are private (elastrain_trainer.private_hooks): without them the
+    copying path is taken, still correct but slower, and said once per process.
     """
     raw: Any = getattr(body, "_raw_stream", None)
     direct: Any = getattr(raw, "_fp", None)
     if not callable(getattr(direct, "readinto", None)):
+        _say_no_direct_read(body)
         direct = raw if callable(getattr(raw, "readinto", None)) else None
     got = 0
     while got < into.nbytes:

@@ -24,8 +24,10 @@ in its events and its MaxRestartsExceeded condition. The crashed agent leaves th
 open: torchrun would close it for the whole rendezvous id on the way out, and the replacement
 worker (same id) could never join; the survivors carry on above minReplicas or wait for it.
 
-If a torch release changes these internals, the patches are skipped with a warning and the
-launcher behaves exactly like torchrun.
+Both patches use torch internals (listed in elastrain_trainer.private_hooks). If a torch release
+changes them, patching raises MissingPrivateHook naming the hook and the tested torch versions,
+and the launcher stops (exit code 1) rather than run as plain torchrun without the crash budget
+and the long restart saves; ELASTRAIN_PLAIN_TORCHRUN=1 asks for plain torchrun explicitly.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from elastrain_trainer.faults import crash_reason, is_crash
+from elastrain_trainer.private_hooks import missing, require, require_params
 
 TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
 # What torch puts in a failure's message when the worker left no error file.
@@ -47,15 +50,25 @@ class WorkerCrashed(Exception):
     """A worker of this node crashed on its own; the message is the one-line reason."""
 
 
-def patch_restart_timeout() -> bool:
-    """Make LocalElasticAgent._stop_workers wait `_shutdown_timeout`; False if torch changed."""
+_RESTART_WAITS = "so that a worker-group restart waits --shutdown-timeout for the SIGTERM save"
+_CRASH_BUDGET = "to stop the node on a worker's own crash (the crash budget)"
+
+
+def patch_restart_timeout() -> None:
+    """Make LocalElasticAgent._stop_workers wait `_shutdown_timeout` (MissingPrivateHook if
+    torch changed what this relies on)."""
     from torch.distributed.elastic.agent.server import local_elastic_agent as lea
 
     agent = lea.LocalElasticAgent
+    require(agent, "_stop_workers", library="torch", needed_for=_RESTART_WAITS)
+    shutdown = require(agent, "_shutdown", library="torch", needed_for=_RESTART_WAITS)
+    require_params(shutdown, ["timeout"], hook="LocalElasticAgent._shutdown", library="torch",
+                   needed_for=_RESTART_WAITS)
+    # The agent keeps --shutdown-timeout as _shutdown_timeout (checked on each new agent).
+    require_params(agent.__init__, ["shutdown_timeout"], hook="LocalElasticAgent",
+                   library="torch", needed_for=_RESTART_WAITS)
     if getattr(agent._stop_workers, "_elastrain", False):
-        return True
-    if not hasattr(agent, "_shutdown"):
-        return False
+        return
 
     def _stop_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> None:
         timeout = getattr(self, "_shutdown_timeout", None)
@@ -66,7 +79,6 @@ def patch_restart_timeout() -> bool:
 
     _stop_workers._elastrain = True  # type: ignore[attr-defined]
     agent._stop_workers = _stop_workers  # type: ignore[method-assign]
-    return True
 
 
 def failure_message(failure: Any) -> str:
@@ -87,20 +99,29 @@ def crash_of(failures: dict[int, Any]) -> str | None:
     return None
 
 
-def patch_crash_budget() -> bool:
-    """Make torchrun's agent stop the node on a crash (see the module docstring)."""
+def patch_crash_budget() -> None:
+    """Make torchrun's agent stop the node on a crash (see the module docstring;
+    MissingPrivateHook if torch changed what this relies on)."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.launcher import api as launcher_api
 
-    base = getattr(launcher_api, "LocalElasticAgent", None)
-    if base is None or not hasattr(base, "_monitor_workers"):
-        return False
+    base = require(launcher_api, "LocalElasticAgent", library="torch", needed_for=_CRASH_BUDGET)
+    require(base, "_monitor_workers", library="torch", needed_for=_CRASH_BUDGET)
+    if "LocalElasticAgent" not in launcher_api.launch_agent.__code__.co_names:
+        # launch_agent no longer builds its agent from the module global replaced below.
+        raise missing("launch_agent's use of torch.distributed.launcher.api.LocalElasticAgent",
+                      "torch", _CRASH_BUDGET)
     if getattr(base, "_elastrain", False):
-        return True
+        return
     failed = {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}
 
     class ElastrainAgent(base):  # type: ignore[misc, valid-type]
         _elastrain = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            require(self, "_shutdown_timeout", library="torch", owner_name="LocalElasticAgent",
+                    needed_for=_RESTART_WAITS)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
@@ -111,7 +132,6 @@ def patch_crash_budget() -> bool:
             return result
 
     launcher_api.LocalElasticAgent = ElastrainAgent  # type: ignore[attr-defined]
-    return True
 
 
 def report_crash(reason: str, path: Path = TERMINATION_LOG) -> None:
