@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import kubernetes_validate
@@ -117,12 +116,12 @@ def test_command_line() -> None:
 def test_gate_coalesces_concurrent_triggers() -> None:
     gate = JobGate()
     calls: list[int] = []
-    entered = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
-    def slow() -> None:
+    def slow() -> None:  # busy until the test has sent its triggers, however slow the machine
         calls.append(1)
         entered.set()
-        time.sleep(0.2)
+        release.wait(5)
 
     first = threading.Thread(target=gate.run, args=(("ns", "a"), slow))
     first.start()
@@ -130,6 +129,7 @@ def test_gate_coalesces_concurrent_triggers() -> None:
     assert gate.run(("ns", "a"), slow) is False  # marked dirty, the runner goes again
     assert gate.run(("ns", "a"), slow) is False  # coalesced with the previous trigger
     assert gate.run(("ns", "b"), lambda: None) is True  # other jobs are not blocked
+    release.set()
     first.join(5)
     assert len(calls) == 2
 
