@@ -108,9 +108,6 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Failed Saves", "type": "integer",
      "jsonPath": ".status.progress.checkpointHealth.consecutiveFailures",
      "description": "Checkpoint saves that failed in a row (see the CheckpointsFailing condition)"},
-    {"name": "Store", "type": "string",
-     "jsonPath": '.status.conditions[?(@.type=="RendezvousStoreReady")].reason',
-     "description": "The rendezvous store pod: StoreReady, or why it is not Ready"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.strategy", "priority": 1},
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas", "priority": 1},
@@ -118,6 +115,10 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
     {"name": "Checkpointed", "type": "date", "jsonPath": ".status.lastCheckpoint.time",
      "priority": 1},
+    # Last, so the columns before it keep their places for scripts that read them by position.
+    {"name": "Store", "type": "string",
+     "jsonPath": '.status.conditions[?(@.type=="RendezvousStoreReady")].reason',
+     "description": "The rendezvous store pod: StoreReady, or why it is not Ready"},
 ]
 
 
