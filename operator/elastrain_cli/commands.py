@@ -119,14 +119,16 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
                          simulate_preemption=simulate_preemption, budget=budget, entry=entry,
                          cwd=_job_dir(origin) if spec.command is not None else None)
     summary = result.summary
-    if result.outcome is not None and result.outcome.failed:
-        print(f"elastrain: Failed (MaxRestartsExceeded): {result.outcome.failed}", flush=True)
     print(f"elastrain: finished={summary.finished} step={summary.final_step}/"
           f"{spec.trainer.steps} loss={summary.final_loss} resumes={summary.resumes} "
           f"steps_lost={summary.steps_lost} world_sizes={summary.world_sizes} "
           f"checkpoints={summary.checkpoints_saved} wall={summary.wall_s}s")
     print(f"elastrain: summary {result.out_dir / 'summary.json'}"
           + (f", loss curve {result.plot_path}" if result.plot_path else ""))
+    if result.outcome is not None and result.outcome.failed:
+        # The last line says why: a configuration error's is the trainer's own message.
+        why = result.outcome.failed_reason or "MaxRestartsExceeded"
+        print(f"elastrain: Failed ({why}): {result.outcome.failed}", flush=True)
     return 0 if result.ok else 1
 
 

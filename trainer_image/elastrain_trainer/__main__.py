@@ -20,25 +20,20 @@ from elastrain_trainer.config import TrainerConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = TrainerConfig.from_env(os.environ, sys.argv[1:] if argv is None else argv)
-    except ValueError as e:
-        print(f"elastrain_trainer: invalid configuration: {e}", file=sys.stderr)
-        return 2
+    """Train; a ValueError of the trainer's (invalid settings, unreadable data, a vocabulary
+    too small) is a configuration error that guard_main reports (faults.is_configuration_error)."""
+    cfg = TrainerConfig.from_env(os.environ, sys.argv[1:] if argv is None else argv)
     from elastrain_trainer.train import run
 
-    try:
-        return run(cfg)
-    except ValueError as e:
-        print(f"elastrain_trainer: {e}", file=sys.stderr)
-        return 2
+    return run(cfg)
 
 
 if __name__ == "__main__":
     from elastrain_trainer.faults import guard_main
 
-    # A lost peer exits EXIT_RESTART (restart in place, uncounted); a crash exits 1 with its
-    # error recorded for the launcher, which counts it (elastrain_trainer.launch).
+    # A lost peer exits EXIT_RESTART (restart in place, uncounted); a configuration error exits
+    # EXIT_CONFIG and fails the job; a crash exits 1 with its error recorded for the launcher,
+    # which counts it (elastrain_trainer.launch).
     code = guard_main(main)
     sys.stdout.flush()
     sys.stderr.flush()

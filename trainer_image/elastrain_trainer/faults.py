@@ -6,6 +6,9 @@ A worker process ends in one of these ways, and only the last one is the job's f
 - exit EXIT_RESTART (75): "restart me": a survivor of a SIGTERM stop, or a rank whose
   collective failed because a peer went away (guard_main turns such errors into 75);
 - killed by SIGTERM/SIGINT/SIGHUP: someone stopped it (its agent, a user);
+- exit EXIT_CONFIG (78, sysexits' EX_CONFIG): a configuration error that no restart can fix (a
+  dataset file the trainer cannot read, a vocabulary too small, an invalid setting: a ValueError
+  raised by elastrain_trainer's own code, see is_configuration_error); the job fails at once;
 - anything else: a crash of the job's own making (an exception in the training code, an
   assertion, a NaN guard giving up, a segfault, the OOM killer's SIGKILL).
 
@@ -14,6 +17,10 @@ three, as torchrun does, and for a crash stops the node with a one-line reason t
 operator counts against restartPolicy.maxRestarts (see launch/agent.py). The reason comes from the
 worker's torchelastic error file, which guard_main writes; a user script that uses neither
 guard_main nor torch's `@record` still gets its crash counted, with its exit code only.
+
+A configuration error is one line starting CONFIG_PREFIX, in the worker's log, in the launcher's
+termination message and in local mode's log: the operator (policy/failures.py) and local mode's
+supervisor (launch/supervise.py) fail the job on it at once, quoting the rest of the line.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from typing import Final
 from elastrain_trainer.signals import EXIT_RESTART
 
 CRASH_PREFIX: Final = "elastrain: worker crashed: "
+CONFIG_PREFIX: Final = "elastrain: configuration error: "
+EXIT_CONFIG: Final = 78
+_PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+_ERROR_TYPE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 # What gloo, NCCL and c10d stores raise when the other side of a collective went away (seen
 # with gloo: "[.../gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer").
 _PEER_LOST = re.compile(
@@ -53,6 +64,25 @@ def peer_lost(exc: BaseException) -> bool:
 
 def peer_lost_message(message: str) -> bool:
     return bool(_PEER_LOST.search(message))
+
+
+def is_configuration_error(exc: BaseException) -> bool:
+    """A ValueError raised by elastrain_trainer's own code: its settings, data files or API
+    (the trainer's convention for user errors). One raised inside torch or a user's code while
+    training is a crash like any other."""
+    if not isinstance(exc, ValueError) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
+
+
+def config_reason(message: str, limit: int = 400) -> str:
+    """The one line that fails a job for a configuration error (kept short: the operator
+    quotes it; kubelet keeps 4 KiB of a termination message)."""
+    what = _ERROR_TYPE.sub("", " ".join(message.split()))
+    return CONFIG_PREFIX + (what if len(what) <= limit else what[:limit - 3] + "...")
 
 
 def is_crash(exitcode: int, message: str = "") -> bool:
@@ -84,7 +114,8 @@ _SIGNALS: Final = frozenset(int(s) for s in signal.Signals)
 
 
 def guard_main(main: Callable[[], int]) -> int:
-    """Run a worker's main: a lost peer exits EXIT_RESTART; a crash is recorded and exits 1.
+    """Run a worker's main: a lost peer exits EXIT_RESTART; a configuration error is recorded
+    and exits EXIT_CONFIG; a crash is recorded and exits 1.
 
     The record is torch's error file (TORCHELASTIC_ERROR_FILE, set by the agent), so the
     launcher can quote the exception in the crash reason.
@@ -99,6 +130,10 @@ def guard_main(main: Callable[[], int]) -> int:
                   f"{' '.join(str(e).split())[:300]}); restarting the worker group",
                   file=sys.stderr, flush=True)
             return EXIT_RESTART
+        if is_configuration_error(e):
+            print(config_reason(str(e)), file=sys.stderr, flush=True)
+            _record(e)
+            return EXIT_CONFIG
         import traceback
 
         traceback.print_exc()

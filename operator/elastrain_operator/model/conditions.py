@@ -32,6 +32,7 @@ ALL_WORKERS_SUCCEEDED: Final = "AllWorkersSucceeded"   # every worker exited 0 a
 MAX_RESTARTS_EXCEEDED: Final = "MaxRestartsExceeded"   # restarts > restartPolicy.maxRestarts
 MAX_PREEMPTIONS_EXCEEDED: Final = "MaxPreemptionsExceeded"  # preemptions > maxPreemptions
 DEADLINE_EXCEEDED: Final = "DeadlineExceeded"          # activeDeadlineSeconds elapsed
+CONFIGURATION_ERROR: Final = "ConfigurationError"      # a worker hit an error no restart fixes
 INVALID_SPEC: Final = "InvalidSpec"                    # spec failed a reconcile-time check
 SPEC_VALID: Final = "SpecValid"                        # spec passed every check
 WORKERS_STARTING: Final = "WorkersStarting"            # fewer than minReplicas ever ran so far

@@ -16,6 +16,9 @@
   knew a store that has never been Ready, and then counts it as neither.
 - Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...);
   among them the launcher's "worker crashed" exits, which quote the trainer's exception.
+  A configuration error (configuration_error: the launcher's "elastrain: configuration error:
+  <the trainer's message>" line, or a container whose command does not exist) is a Failed exit
+  that no restart can fix: the planner fails the job on it at once.
 - Succeeded: the pod Succeeded (torchrun exited 0: its whole worker group finished).
 - Running / Pending: still going, or not started yet (`unschedulable` says why it waits).
 """
@@ -42,6 +45,13 @@ RENDEZVOUS_LOST = "RendezvousConnectionError"
 # How the trainer's launcher starts the line that says why a worker crashed (the trainer's own
 # exception): a crash counts against maxRestarts and its reason is quoted in events and status.
 CRASH_PREFIX = "elastrain: worker crashed: "
+# How the launcher starts the line of an error no restart can fix (an unreadable dataset, an
+# invalid setting, a command that does not exist): the job fails at once, quoting the rest.
+CONFIG_PREFIX = "elastrain: configuration error: "
+# The container runtime's terminated reasons when it could not start the command at all ...
+_START_FAILURES = frozenset({"StartError", "ContainerCannotRun"})
+# ... and the runtime's words for a command that is not there (containerd, CRI-O, Docker).
+_NO_COMMAND = ("executable file not found", "no such file or directory")
 
 
 class Exit(StrEnum):
@@ -192,9 +202,29 @@ def describe_exit(pod: WorkerPod) -> str:
     parts = [f"exit code {pod.exit_code}" if pod.exit_code is not None else "no exit code"]
     if pod.exit_reason:
         parts.append(pod.exit_reason)
-    if crash := crash_reason(pod.exit_message):
+    if config := configuration_error(pod):
+        parts.append(f"configuration error: {config}")
+    elif crash := crash_reason(pod.exit_message):
         parts.append(crash)
     return ", ".join(parts)
+
+
+def configuration_error(pod: WorkerPod, limit: int = 400) -> str:
+    """Why a failed worker cannot work however often it restarts ("" when it could): the
+    launcher's configuration-error line (the trainer's message), or a command the container
+    runtime could not find."""
+    if pod.phase != "Failed":
+        return ""
+    lines = [ln.strip() for ln in pod.exit_message.splitlines()
+             if ln.strip().startswith(CONFIG_PREFIX)]
+    if lines:
+        reason = lines[-1].removeprefix(CONFIG_PREFIX)
+    elif pod.exit_reason in _START_FAILURES and any(
+            words in pod.exit_message.lower() for words in _NO_COMMAND):
+        reason = f"the container's command cannot start: {' '.join(pod.exit_message.split())}"
+    else:
+        return ""
+    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
 
 
 def crash_reason(message: str, limit: int = 200) -> str:

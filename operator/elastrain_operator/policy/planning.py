@@ -6,8 +6,8 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
    been Ready is the store's loss, neither preemption nor failure (policy.store);
    a job that completed no step for spec.hangTimeoutSeconds restarts its workers as one counted
    failure (policy.hang);
-2. decide: budget spent, deadline passed, the store never Ready in time, or every trainer
-   finished -> terminal;
+2. decide: a worker's configuration error (no restart can fix it), budget spent, deadline
+   passed, the store never Ready in time, or every trainer finished -> terminal;
 3. converge: the Services, the rendezvous store and one pod per active slot (those lost to the
    store after its backoff, or once it is Ready); stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
@@ -38,7 +38,13 @@ from elastrain_operator.model.status import (
     WorkerLoss,
     WorkerSlot,
 )
-from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit, describe_exit
+from elastrain_operator.policy.failures import (
+    Exit,
+    WorkerPod,
+    classify_pod_exit,
+    configuration_error,
+    describe_exit,
+)
 from elastrain_operator.policy.fallback import newest_fallback
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import (
@@ -119,6 +125,7 @@ class _Round:
     release_pods: list[str] = field(default_factory=list)
     counted_restarts: int = 0
     counted_preemptions: int = 0
+    config_error: str = ""  # a worker's configuration error this round: the job fails
 
 
 def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
@@ -149,6 +156,15 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
         r.events.append(EventSpec("Warning", c.WORKER_PREEMPTED,
                                   f"worker {pod.index} (pod {pod.name}) preempted: {why}"))
         after = None
+    elif config := configuration_error(pod):
+        # No restart could fix it: not counted, no backoff; _decide_terminal fails the job.
+        after = None
+        r.config_error = r.config_error or f"worker {pod.index} (pod {pod.name}): {config}"
+        r.events.append(EventSpec("Warning", c.CONFIGURATION_ERROR,
+                                  f"worker {pod.index} (pod {pod.name}) failed: {why}"))
+        # Recorded among the losses, but nothing is being replaced (not Restarting).
+        r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:])
+        return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
     else:
         r.counted_restarts += 1
         restarts = acct.restarts + 1
@@ -286,6 +302,10 @@ def _is_finishing(r: _Round, observed: Observed, desired: int) -> bool:
 
 def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
                      store: StoreReadiness, now: datetime) -> tuple[Phase, str, str] | None:
+    if r.config_error:
+        return ("Failed", c.CONFIGURATION_ERROR,
+                f"configuration error in {r.config_error}; not restarted (no restart can fix "
+                "it: correct the TrainingJob and create it again)")
     failed = [loss for loss in r.acct.losses if loss.kind == "Failed"]
     last = f"{failed[-1].pod}: {failed[-1].reason}" if failed else ""
     spent = exhausted_budget(job.spec.restart_policy, restarts=r.acct.restarts,

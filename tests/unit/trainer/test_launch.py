@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from elastrain_trainer.faults import EXIT_CONFIG
 from elastrain_trainer.launch import __main__ as launch_main
 from elastrain_trainer.launch import agent as launch_agent
 
@@ -47,7 +48,8 @@ def test_a_torch_without_the_agent_hooks_stops_the_launcher_saying_why(
     monkeypatch.setattr(LocalElasticAgent, "_shutdown", lambda self: None)
     monkeypatch.delenv("ELASTRAIN_PLAIN_TORCHRUN", raising=False)
     monkeypatch.setattr("torch.distributed.run.main", lambda argv: pytest.fail("torchrun ran"))
-    assert launch_main.main(["--nproc-per-node", "1", "train.py"]) == 1
+    assert launch_main.main(["--nproc-per-node", "1", "train.py"]) == EXIT_CONFIG
     said = capsys.readouterr().err
+    assert "elastrain: configuration error: launcher:" in said
     assert "LocalElasticAgent._shutdown(timeout=)" in said
     assert "torch>=2.15,<2.16" in said and "ELASTRAIN_PLAIN_TORCHRUN=1" in said

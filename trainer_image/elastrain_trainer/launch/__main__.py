@@ -8,16 +8,25 @@ too), and so does every local agent (cluster.py). Options and PET_* variables ar
 A torch whose agent internals changed stops the launcher with a message naming the hook and the
 tested torch versions (exit code 1, also in the termination message); ELASTRAIN_PLAIN_TORCHRUN=1
 runs plain torchrun instead, without the crash budget and the long restart saves.
+
+Configuration errors (faults.CONFIG_PREFIX, exit code EXIT_CONFIG) fail the job at once, with
+no restart: a worker that reported one, a torch without the hooks above, and a command that
+names a script, module or program that does not exist (checked before any worker starts:
+python would exit 2 "can't open file", 1 "No module named", the agent raise FileNotFoundError).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import sys
+from pathlib import Path
 
-from elastrain_trainer.faults import CRASH_PREFIX
+from elastrain_trainer.faults import CONFIG_PREFIX, EXIT_CONFIG, config_reason
 from elastrain_trainer.launch.agent import (
     WorkerCrashed,
+    WorkerMisconfigured,
     patch_crash_budget,
     patch_restart_timeout,
     report_crash,
@@ -35,20 +44,48 @@ def main(argv: list[str] | None = None) -> int:
             patch_restart_timeout()
             patch_crash_budget()
         except MissingPrivateHook as e:
-            report_crash(f"{CRASH_PREFIX}launcher: {e} (or set {PLAIN_TORCHRUN_ENV}=1 to run "
+            report_crash(f"{CONFIG_PREFIX}launcher: {e} (or set {PLAIN_TORCHRUN_ENV}=1 to run "
                          "plain torchrun without these patches)")
-            return 1
+            return EXIT_CONFIG
     from torch.distributed.run import main as torchrun
+    from torch.distributed.run import parse_args
 
+    args = parse_args(sys.argv[1:] if argv is None else argv)  # type: ignore[no-untyped-call]
+    if missing := missing_entry(args.training_script, module=args.module,
+                                no_python=args.no_python):
+        report_crash(config_reason(missing))
+        return EXIT_CONFIG
     try:
         torchrun(argv)
+    except WorkerMisconfigured as error:
+        report_crash(str(error))
+        return EXIT_CONFIG
     except WorkerCrashed as crash:
         report_crash(str(crash))
         return 1
     except MissingPrivateHook as e:  # found only once the agent exists (agent.py)
-        report_crash(f"{CRASH_PREFIX}launcher: {e}")
-        return 1
+        report_crash(f"{CONFIG_PREFIX}launcher: {e}")
+        return EXIT_CONFIG
     return 0
+
+
+def missing_entry(entry: str, *, module: bool = False, no_python: bool = False,
+                  cwd: Path | None = None) -> str | None:
+    """Why the workers' entry (torchrun's training_script) cannot start; None when it can."""
+    if module:
+        try:
+            found = importlib.util.find_spec(entry) is not None
+        except (ImportError, ValueError):  # a missing parent package, an empty name
+            found = False
+        return None if found else f"the command's module {entry!r} does not exist (-m {entry})"
+    path = Path(entry) if cwd is None or Path(entry).is_absolute() else cwd / entry
+    if no_python:
+        if shutil.which(entry) or (os.sep in entry and os.access(path, os.X_OK)):
+            return None
+        return f"the command's program {entry!r} is not found (--no-python)"
+    if path.is_file():
+        return None
+    return f"the command's script {entry!r} does not exist (in {cwd or Path.cwd()})"
 
 
 if __name__ == "__main__":

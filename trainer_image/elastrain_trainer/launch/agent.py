@@ -20,14 +20,18 @@ So the agent here classifies each failed worker (elastrain_trainer.faults): a lo
 restarts in place as before, uncounted; a crash ends the agent with exit code 1 and a one-line
 reason in the pod's termination message (ELASTRAIN_TERMINATION_LOG, default
 /dev/termination-log) that the operator counts against maxRestarts, with its backoff, and quotes
-in its events and its MaxRestartsExceeded condition. The crashed agent leaves the rendezvous
-open: torchrun would close it for the whole rendezvous id on the way out, and the replacement
-worker (same id) could never join; the survivors carry on above minReplicas or wait for it.
+in its events and its MaxRestartsExceeded condition. A worker that exited EXIT_CONFIG (a
+configuration error, elastrain_trainer.faults) ends the agent with exit code EXIT_CONFIG and the
+line `elastrain: configuration error: <the trainer's message>`, which fails the job at once.
+The crashed agent leaves the rendezvous open: torchrun would close it for the whole rendezvous
+id on the way out, and the replacement worker (same id) could never join; the survivors carry
+on above minReplicas or wait for it.
 
 Both patches use torch internals (listed in elastrain_trainer.private_hooks). If a torch release
 changes them, patching raises MissingPrivateHook naming the hook and the tested torch versions,
-and the launcher stops (exit code 1) rather than run as plain torchrun without the crash budget
-and the long restart saves; ELASTRAIN_PLAIN_TORCHRUN=1 asks for plain torchrun explicitly.
+and the launcher stops (a configuration error: no restart installs another torch) rather than
+run as plain torchrun without the crash budget and the long restart saves;
+ELASTRAIN_PLAIN_TORCHRUN=1 asks for plain torchrun explicitly.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elastrain_trainer.faults import crash_reason, is_crash
+from elastrain_trainer.faults import EXIT_CONFIG, config_reason, crash_reason, is_crash
 from elastrain_trainer.private_hooks import missing, require, require_params
 
 TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
@@ -48,6 +52,10 @@ _NO_ERROR_FILE = "To enable traceback see"
 
 class WorkerCrashed(Exception):
     """A worker of this node crashed on its own; the message is the one-line reason."""
+
+
+class WorkerMisconfigured(WorkerCrashed):
+    """A worker exited EXIT_CONFIG: the message is the CONFIG_PREFIX line that fails the job."""
 
 
 _RESTART_WAITS = "so that a worker-group restart waits --shutdown-timeout for the SIGTERM save"
@@ -90,6 +98,15 @@ def failure_message(failure: Any) -> str:
     return "" if message.startswith(_NO_ERROR_FILE) else message
 
 
+def config_error_of(failures: dict[int, Any]) -> str | None:
+    """The configuration-error line of the first rank that exited EXIT_CONFIG; None if none."""
+    for _rank, failure in sorted(failures.items()):
+        if int(failure.exitcode) == EXIT_CONFIG:
+            return config_reason(failure_message(failure) or "the trainer exited with code "
+                                 f"{EXIT_CONFIG} (a configuration error); see its log")
+    return None
+
+
 def crash_of(failures: dict[int, Any]) -> str | None:
     """The reason of the first failed rank whose end is a crash of its own; None if none is."""
     for rank, failure in sorted(failures.items()):
@@ -125,7 +142,12 @@ def patch_crash_budget() -> None:
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
-            if result.state in failed and (reason := crash_of(result.failures or {})):
+            if result.state not in failed:
+                return result
+            if config := config_error_of(result.failures or {}):
+                worker_group.spec.rdzv_handler.shutdown = lambda: False
+                raise WorkerMisconfigured(config)
+            if reason := crash_of(result.failures or {}):
                 # launch_agent shuts the rendezvous down on any exception but a signal.
                 worker_group.spec.rdzv_handler.shutdown = lambda: False
                 raise WorkerCrashed(reason)

@@ -7,6 +7,9 @@ process's (exit code and the last lines of its log) and applies the same rules:
   other non-zero exit of an agent nobody stopped) counts against max_restarts, and its
   replacement starts after the backoff (backoff_seconds doubling per crash); the
   (max_restarts+1)th crash fails the run with that crash's reason;
+- a configuration error (the launcher's "elastrain: configuration error: ..." line: an unreadable
+  dataset, an invalid setting, a command that does not exist) fails the run at once with the
+  trainer's message (`failed_reason` ConfigurationError): no restart could fix it;
 - an agent that lost the rendezvous store (the store process died: every agent exits with
   RendezvousConnectionError) is not the job's fault: the store is started again on the same
   port and the agent is replaced at once, uncounted;
@@ -20,10 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastrain_trainer.faults import CRASH_PREFIX
+from elastrain_trainer.faults import CONFIG_PREFIX, CRASH_PREFIX
 from elastrain_trainer.launch.cluster import Agent, LocalCluster
 
 STORE_LOST = "RendezvousConnectionError"
+MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+CONFIGURATION_ERROR = "ConfigurationError"
 
 
 @dataclass(frozen=True)
@@ -43,12 +48,14 @@ class RestartBudget:
 
 @dataclass
 class Outcome:
-    """What supervision counted; `failed` is the MaxRestartsExceeded message, if it came."""
+    """What supervision counted; `failed` is why the run failed, if it did, and
+    `failed_reason` the operator's condition reason for it."""
 
     restarts: int = 0
     store_losses: int = 0
     crashes: list[str] = field(default_factory=list)
     failed: str | None = None
+    failed_reason: str = ""
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
 
@@ -65,6 +72,12 @@ def last_lines(path: Path, limit: int = 64 * 1024) -> str:
 def crash_line(log_tail: str) -> str | None:
     lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip().startswith(CRASH_PREFIX)]
     return lines[-1] if lines else None
+
+
+def config_error(log_tail: str) -> str | None:
+    """The trainer's message of the last configuration-error line in an agent's log."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip().startswith(CONFIG_PREFIX)]
+    return lines[-1].removeprefix(CONFIG_PREFIX) if lines else None
 
 
 class Supervisor:
@@ -117,6 +130,11 @@ class Supervisor:
             print(f"[local] {agent.name} lost the rendezvous store; store restarted, agent "
                   "replaced (not counted as a failure)", flush=True)
             return
+        if (config := config_error(tail)) is not None:
+            self.outcome.failed, self.outcome.failed_reason = config, CONFIGURATION_ERROR
+            print(f"[local] {agent.name}: configuration error, not restarted: {config}",
+                  flush=True)
+            return
         reason = crash_line(tail) or f"agent {agent.name} exited with code {code}"
         self.outcome.restarts += 1
         self.outcome.crashes.append(reason)
@@ -124,6 +142,7 @@ class Supervisor:
             self.outcome.failed = (f"{self.outcome.restarts} worker failures exceed "
                                    f"restartPolicy.maxRestarts ({self.budget.max_restarts}); "
                                    f"last: {reason}")
+            self.outcome.failed_reason = MAX_RESTARTS_EXCEEDED
             print(f"[local] {self.outcome.failed}", flush=True)
             return
         delay = self.budget.backoff(self.outcome.restarts)
