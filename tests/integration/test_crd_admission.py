@@ -292,7 +292,7 @@ def test_minimal_job_gets_defaults(api: client.CustomObjectsApi, kube_namespace:
     assert stored["trainer"]["model"] == "gpt-tiny"
     assert stored["trainer"]["globalBatchSize"] == 8
     assert stored["rendezvous"]["port"] == 29400
-    assert stored["rendezvous"]["store"] == {}
+    assert stored["rendezvous"]["store"] == {"readyTimeoutSeconds": 600}
     assert stored["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 10,
                                        "maxBackoffSeconds": 300}
     assert stored["terminationGracePeriodSeconds"] == 120 and stored["suspend"] is False
@@ -375,7 +375,7 @@ def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
 
     out = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace).stdout.splitlines()
     assert out[0].split() == ["NAME", "PHASE", "WORKERS", "STEP", "LAST", "CHECKPOINT",
-                              "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE"]
+                              "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE", "STORE"]
     assert out[1].split()[:8] == ["cols", "Running", "2/2", "42", "40", "1", "3", "2"]
     wide = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace, "-o", "wide").stdout
     assert "STRATEGY" in wide and "2.5" in wide
