@@ -132,6 +132,9 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
     # 404 for a job deleted since) and the next round reads the job fresh. Saves a GET per
     # round, a seventh of the operator's requests while 1000 new jobs get their children.
     cached = options.cache.job((namespace, name)) if options.cache is not None else None
+    # What the first round polled: a round that loses the status race must not lose it (a
+    # trainer that gave up at start serves its reason until one poll read it, then exits).
+    polled: list[tuple[ProgressReport, ...]] = []
     for attempt in range(ROUNDS):
         raw = cached.raw if attempt == 0 and cached is not None \
             else read_job(kube, namespace, name)
@@ -146,7 +149,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
             _report_unparseable(kube, raw, err, now)
             return "success"
         try:
-            _round(kube, raw, job, options, now)
+            _round(kube, raw, job, options, now, polled)
             return "success"
         except StatusConflict:
             log.debug("status of %s/%s changed under us; reading it again", namespace, name)
@@ -154,15 +157,16 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
 
 
 def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
-           now: datetime) -> None:
+           now: datetime, polled: list[tuple[ProgressReport, ...]]) -> None:
     ns = job.metadata.namespace
     children = observe(kube, job, options.cache)
     observed = children.observed
     if options.progress is not None:
         observed = replace(observed, progress=options.progress)
     elif options.poll_progress:
-        observed = replace(observed, progress=poll_progress(observed.workers,
-                                                            job.spec.metrics_port))
+        if not polled:
+            polled.append(poll_progress(observed.workers, job.spec.metrics_port))
+        observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now)
     if p.status != job.status:
         written = write_status(kube, raw, p.status)
