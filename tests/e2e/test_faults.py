@@ -70,10 +70,17 @@ def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_excepti
     assert status["restarts"] == 2 and status.get("preemptions", 0) == 0, status
     assert [x["kind"] for x in status["recentLosses"]] == ["Failed", "Failed"]
     assert all("InjectedCrash" in x["reason"] for x in status["recentLosses"])
-    events = k.json("get", "events", "-n", ns, "--field-selector",
-                    "involvedObject.name=crashy,reason=WorkerFailed")["items"]
-    crashes = [e for e in events if "InjectedCrash: injected crash at step 6" in e["message"]]
-    assert len(crashes) == 2, [e["message"] for e in events]
+    # Events are posted after the status write that counted the loss: the one of the round
+    # that failed the job may land a moment after the test saw Failed.
+
+    def crash_events() -> list[dict[str, Any]] | None:
+        events = k.json("get", "events", "-n", ns, "--field-selector",
+                        "involvedObject.name=crashy,reason=WorkerFailed")["items"]
+        found = [e for e in events if "InjectedCrash: injected crash at step 6" in e["message"]]
+        return found if len(found) >= 2 else None
+
+    crashes = wait_for("two WorkerFailed events", crash_events, timeout=30)
+    assert len(crashes) == 2, [e["message"] for e in crashes]
 
 
 def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
