@@ -8,6 +8,7 @@ with grace 0, which still waits for finalizers, exactly like the real thing).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -278,4 +280,40 @@ def operator(operator_factory: Callable[..., Operator]) -> Operator:
     op = operator_factory()
     op.start()
     return op
+
+
+class StandInProgress:
+    """A stand-in for a trainer's `GET /progress` on 127.0.0.1: serves `document` and counts the
+    polls; with `answers`, only that many polls get it and later ones 503 (a trainer that gave
+    up at start serves its reason until one poll read it, then exits)."""
+
+    def __init__(self, document: dict[str, Any] | None = None,
+                 answers: int | None = None) -> None:
+        self.document: dict[str, Any] = document or {}
+        self.polls = 0
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                stand_in.polls += 1
+                if answers is not None and stand_in.polls > answers:
+                    self.send_error(503)
+                    return
+                body = json.dumps(stand_in.document).encode()
+                self.send_response(200 if self.path == "/progress" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 

@@ -10,15 +10,12 @@ phase (a fallback, the next start's null, a newer fallback) is chosen by the tes
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from tests.integration.operator.conftest import Cluster, Operator, wait_for
+from tests.integration.operator.conftest import Cluster, Operator, StandInProgress, wait_for
 from tests.integration.operator.test_cli_describe import describe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -26,31 +23,8 @@ KIND, REASON = "CheckpointFallback", "DamagedCheckpointSkipped"
 WHY = "checksum mismatch of __0_0.distcp: sha256 in the manifest 0f3a, read 9c1e"
 
 
-class StandInProgress:
-    """A stand-in for the trainer's `GET /progress`: serves `document`, counts the polls."""
-
-    def __init__(self) -> None:
-        self.document: dict[str, Any] = {}
-        self.polls = 0
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps(stand_in.document).encode()
-                stand_in.polls += 1
-                self.send_response(200 if self.path == "/progress" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+class FallbackProgress(StandInProgress):
+    """The stand-in serving the contract's `checkpointFallback` phase by phase."""
 
     def serve(self, step: int, fallback: dict[str, Any] | None, *, absent: bool = False) -> None:
         doc: dict[str, Any] = {"step": step, "totalSteps": 1000, "loss": 1.0, "worldSize": 1,
@@ -59,14 +33,10 @@ class StandInProgress:
             doc["checkpointFallback"] = fallback
         self.document = doc
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
-def stand_in() -> Iterator[StandInProgress]:
-    server = StandInProgress()
+def stand_in() -> Iterator[FallbackProgress]:
+    server = FallbackProgress()
     yield server
     server.close()
 
@@ -78,7 +48,7 @@ def fallback(skipped: int, loaded: int | None, at: str) -> dict[str, Any]:
             "stepsLost": skipped - (loaded or 0), "quarantined": True, "time": at}
 
 
-def polled(cluster: Cluster, stand_in: StandInProgress, *steps: int) -> None:
+def polled(cluster: Cluster, stand_in: FallbackProgress, *steps: int) -> None:
     """Serve each step in turn until status shows it: the round that wrote the last one started
     after the previous one's round ended, events included (one round at a time per job)."""
     doc = stand_in.document
@@ -94,7 +64,7 @@ def condition(cluster: Cluster) -> dict[str, Any]:
 
 
 def test_a_fallback_is_told_once_and_kept_until_a_newer_one(
-        cluster: Cluster, operator: Operator, stand_in: StandInProgress) -> None:
+        cluster: Cluster, operator: Operator, stand_in: FallbackProgress) -> None:
     stand_in.serve(5, None, absent=True)  # an older trainer: no field at all
     cluster.create_job(replicas=1, metricsPort=stand_in.port)
     cluster.wait_workers(["demo-worker-0-0"])

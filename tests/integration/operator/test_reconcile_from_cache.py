@@ -6,16 +6,11 @@ of the job that the apiserver has since moved past, as a watch that lags would.
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
 import pytest
 
 from elastrain_operator.k8s.cache import Cache
 from elastrain_operator.reconcile import Options, reconcile_once
-from tests.integration.operator.conftest import Cluster
+from tests.integration.operator.conftest import Cluster, StandInProgress
 
 pytestmark = pytest.mark.cluster
 
@@ -51,38 +46,10 @@ def test_a_job_deleted_behind_the_copy_gets_no_children(cluster: Cluster) -> Non
     assert cluster.pods("gone", role="store", live=False) == {}
 
 
-class OnceProgress:
-    """A stand-in for a trainer's /progress that answers one poll and then fails (as a trainer
-    that gave up at start does: it serves its reason until one poll read it, then exits)."""
-
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.polls = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.polls += 1
-                if outer.polls > 1:
-                    self.send_error(503)
-                    return
-                body = json.dumps(document).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_what_a_round_polled_survives_its_lost_status_race(cluster: Cluster) -> None:
-    trainer = OnceProgress({"step": 0, "totalSteps": 10, "checkpointHealth": {
-        "consecutiveFailures": 1, "lastError": "SignatureDoesNotMatch: check the Secret"}})
+    trainer = StandInProgress({"step": 0, "totalSteps": 10, "checkpointHealth": {
+        "consecutiveFailures": 1, "lastError": "SignatureDoesNotMatch: check the Secret"}},
+        answers=1)
     try:
         cluster.create_job("polled", replicas=1, metricsPort=trainer.port)
         assert reconcile_once(cluster.kube, cluster.ns, "polled", Options()) == "success"
@@ -100,7 +67,7 @@ def test_what_a_round_polled_survives_its_lost_status_race(cluster: Cluster) -> 
         assert reconcile_once(cluster.kube, cluster.ns, "polled",
                               Options(cache=cache, poll_progress=True)) == "success"
     finally:
-        trainer.server.shutdown()
+        trainer.close()
     assert trainer.polls == 1, "the round that read the job fresh polled the trainer again"
     status = cluster.status("polled")
     assert status.get("preemptions") == 7
