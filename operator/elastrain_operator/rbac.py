@@ -1,18 +1,36 @@
 """Exactly what the operator does to the API, as RBAC rules the Helm chart mirrors.
 
-A unit test checks the chart grants these and nothing else. No Secrets, no Nodes: problems with
-Secrets are read from the pods' waiting reasons, and node loss arrives as a pod condition.
+A unit test checks the chart grants these and nothing else, in each mode. No Secrets, no Nodes:
+problems with Secrets are read from the pods' waiting reasons, and node loss arrives as a pod
+condition.
+
+Each rule says where it is granted and when it is needed at all:
+- `cluster_scoped=False`: rights over objects inside a namespace. A namespaced operator
+  (`--namespace`, the chart's `operator.watchNamespaces`) gets them only in its namespaces, as a
+  Role + RoleBinding in each; only a cluster-wide operator gets them from a ClusterRole.
+- `cluster_scoped=True`: objects that live outside namespaces; always a ClusterRole.
+- `mode`: kopf needs some rules in one mode only (read in kopf 1.45's
+  `_core/reactor/observation.py` and `_core/engines/peering.py`): it lists and watches namespaces
+  only when it serves named namespaces (to follow their creation and globs), never cluster-wide;
+  it keeps its keep-alives in a ClusterKopfPeering cluster-wide and in a KopfPeering per
+  namespace otherwise.
+- `peering`: only with kopf peering; `--standalone` touches no peering object.
 """
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final, Literal, NamedTuple
+
+Mode = Literal["cluster-wide", "namespaced"]
 
 
 class Rule(NamedTuple):
     api_groups: tuple[str, ...]
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
+    cluster_scoped: bool = False
+    mode: Mode | None = None  # None: needed in both modes
+    peering: bool = False  # needed only with kopf peering
 
 
 RULES: Final[tuple[Rule, ...]] = (
@@ -25,11 +43,25 @@ RULES: Final[tuple[Rule, ...]] = (
     # accounting finalizer.
     Rule(("",), ("pods",), ("get", "list", "watch", "create", "delete", "patch")),
     Rule(("",), ("services",), ("get", "list", "watch", "create")),
+    # The per-job NetworkPolicy around the store and the workers (render/network.py).
+    Rule(("networking.k8s.io",), ("networkpolicies",),
+         ("get", "list", "watch", "create", "patch", "delete")),
     Rule(("",), ("events",), ("create", "patch")),  # ours and kopf's (core v1 events)
     # kopf peering: which replica acts; the operator creates its peering object when missing.
-    Rule(("kopf.dev",), ("kopfpeerings", "clusterkopfpeerings"),
-         ("get", "list", "watch", "patch", "create")),
-    # kopf discovers the resources it serves and watches namespaces in cluster-wide mode.
-    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("get", "list", "watch")),
-    Rule(("",), ("namespaces",), ("get", "list", "watch")),
+    Rule(("kopf.dev",), ("kopfpeerings",), ("get", "list", "watch", "patch", "create"),
+         mode="namespaced", peering=True),
+    Rule(("kopf.dev",), ("clusterkopfpeerings",), ("get", "list", "watch", "patch", "create"),
+         cluster_scoped=True, mode="cluster-wide", peering=True),
+    # kopf watches CRDs to notice the resources it serves (re)appear; the resources themselves
+    # it discovers from /apis, which every authenticated user may read.
+    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch"),
+         cluster_scoped=True),
+    # A namespaced kopf lists and watches namespaces to serve them as they come and go.
+    Rule(("",), ("namespaces",), ("list", "watch"), cluster_scoped=True, mode="namespaced"),
 )
+
+
+def rules_for(mode: Mode, *, peering: bool) -> tuple[Rule, ...]:
+    """The rules an operator in `mode` (with or without kopf peering) needs."""
+    return tuple(r for r in RULES
+                 if r.mode in (None, mode) and (peering or not r.peering))

@@ -69,3 +69,19 @@ app.kubernetes.io/component: operator
 {{- fail "replicaCount > 1 requires peering.enabled=true: without kopf peering every replica would reconcile every TrainingJob" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* NetworkPolicyPeer (JSON) selecting this release's operator pods, wherever they run. */}}
+{{- define "elastrain.operatorPeer" -}}
+{{- $ns := dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace) -}}
+{{- $pods := dict "matchLabels" (include "elastrain.selectorLabels" . | fromYaml) -}}
+{{- toJson (dict "namespaceSelector" $ns "podSelector" $pods) -}}
+{{- end -}}
+
+{{/* networkPolicy.scrapers as a JSON list of NetworkPolicyPeers, by name; null/false entries dropped. */}}
+{{- define "elastrain.scraperPeers" -}}
+{{- $peers := list -}}
+{{- range $name, $peer := .Values.networkPolicy.scrapers -}}
+{{- if $peer }}{{ $peers = append $peers $peer }}{{ end -}}
+{{- end -}}
+{{- toJson $peers -}}
+{{- end -}}

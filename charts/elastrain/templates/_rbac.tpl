@@ -1,10 +1,11 @@
 {{/*
-The operator's permissions: exactly elastrain_operator.rbac.RULES (tests/unit/chart compares the
-rendered roles with RULES both ways). Split by scope: namespaced rules are granted per watched
-namespace (or cluster-wide when every namespace is watched); cluster-scoped rules always need a
-ClusterRoleBinding.
+The operator's permissions: exactly elastrain_operator.rbac.rules_for(mode, peering=...)
+(tests/unit/chart compares the rendered roles with it both ways, in every mode). Split by scope:
+namespaced rules go into a Role in each watched namespace (or one ClusterRole when every
+namespace is watched); cluster-scoped rules always need a ClusterRole.
 */}}
 {{- define "elastrain.rules.namespaced" -}}
+{{- $namespaces := include "elastrain.watchNamespaces" . | fromJsonArray -}}
 # The jobs: watched by kopf, read by every reconcile, deleted by the TTL, annotated by kopf.
 - apiGroups: ["elastrain.dev"]
   resources: ["trainingjobs"]
@@ -19,26 +20,37 @@ ClusterRoleBinding.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create"]
+# The per-job NetworkPolicy around the store and the workers.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Events of the operator and of kopf (core v1).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# kopf peering in a watched namespace (namespaced operators).
+{{- if and $namespaces .Values.peering.enabled }}
+# kopf peering in each watched namespace.
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
   verbs: ["get", "list", "watch", "patch", "create"]
+{{- end }}
 {{- end -}}
 
 {{- define "elastrain.rules.cluster" -}}
-# kopf peering across the cluster (cluster-wide operators).
+{{- $namespaces := include "elastrain.watchNamespaces" . | fromJsonArray -}}
+# kopf watches CRDs to notice the resources it serves (re)appear.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if $namespaces }}
+# A namespaced kopf lists and watches namespaces to serve them as they come and go.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- else if .Values.peering.enabled }}
+# kopf peering across the cluster.
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
   verbs: ["get", "list", "watch", "patch", "create"]
-# kopf discovers the resources it serves and follows namespaces in cluster-wide mode.
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+{{- end }}
 {{- end -}}

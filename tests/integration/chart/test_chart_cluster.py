@@ -104,9 +104,31 @@ def test_operator_can_do_everything_in_rules(operator_identity: str, monitoring_
                                              kube_namespace: str) -> None:
     # A namespace other than the release's: the operator works in every namespace.
     other = "default"
-    denied = [rule for rule in sorted(operator_rules())
+    denied = [rule for rule in sorted(operator_rules("cluster-wide", peering=False))
               if not can_i(monitoring_crds, operator_identity, rule[2], rule[0], rule[1], other)]
     assert not denied
+
+
+def test_a_namespaced_operator_acts_only_in_its_namespaces(
+        install_chart: Installer, monitoring_crds: Any, kube_namespace: str) -> None:
+    """operator.watchNamespaces: its Roles grant everything it needs there, and nothing touches a
+    pod, Service or NetworkPolicy anywhere else (no cluster-wide pod create)."""
+    install_chart(kube_namespace, "--set", f"fullnameOverride={SA_NAME}",
+                  "--set", f"operator.watchNamespaces.{kube_namespace}=true")
+    user = f"system:serviceaccount:{kube_namespace}:{SA_NAME}"
+    rules = operator_rules("namespaced", peering=False)
+    denied = [rule for rule in sorted(rules)
+              if not can_i(monitoring_crds, user, rule[2], rule[0], rule[1], kube_namespace)]
+    assert not denied
+    elsewhere = [rule for rule in sorted(operator_rules("namespaced", peering=False,
+                                                        cluster_scoped=False))
+                 if can_i(monitoring_crds, user, rule[2], rule[0], rule[1], "default")]
+    assert not elsewhere
+    for verb, resource in [("create", "pods"), ("list", "pods"),
+                           ("create", "networkpolicies.networking.k8s.io")]:
+        done = kubectl(monitoring_crds, "auth", "can-i", verb, resource, "--all-namespaces",
+                       "--as", user, check=False)
+        assert done.stdout.strip() == "no", (verb, resource, done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize(("verb", "group", "resource"), [

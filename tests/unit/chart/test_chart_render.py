@@ -209,15 +209,82 @@ def test_pdb_is_optional() -> None:
 
 # --- RBAC ----------------------------------------------------------------------------------
 
-def _granted(docs: list[Manifest]) -> set[tuple[str, str, str]]:
-    return rule_triples(r for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")
-                        for r in role["rules"])
+WATCHED = ["team-a", "team-b"]
+NAMESPACED = [f"operator.watchNamespaces.{ns}=true" for ns in WATCHED] + [
+    "operator.watchNamespaces.team-c=false"]
+# (sets, mode, peering): every combination the chart's RBAC depends on.
+MODES = {
+    "cluster-wide-standalone": ([], "cluster-wide", False),
+    "cluster-wide-peering": (["peering.enabled=true"], "cluster-wide", True),
+    "namespaced-standalone": (NAMESPACED, "namespaced", False),
+    "namespaced-peering": ([*NAMESPACED, "peering.enabled=true"], "namespaced", True),
+}
+NAMESPACED_RESOURCES = {"pods", "services", "networkpolicies"}
 
 
-def test_rbac_is_exactly_the_operators_rules(ci_render: list[Manifest]) -> None:
-    granted, wanted = _granted(ci_render), operator_rules()
+def _granted(docs: list[Manifest], kind: str | None = None) -> set[tuple[str, str, str]]:
+    kinds = (kind,) if kind else ("ClusterRole", "Role")
+    return rule_triples(r for k in kinds for role in of_kind(docs, k) for r in role["rules"])
+
+
+def _ci_mode(values: Path) -> tuple[str, bool]:
+    import yaml
+    data = yaml.safe_load(values.read_text()) or {}
+    watched = any(data.get("operator", {}).get("watchNamespaces", {}).values())
+    return ("namespaced" if watched else "cluster-wide",
+            bool(data.get("peering", {}).get("enabled")))
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=CI_IDS)
+def test_rbac_is_exactly_the_operators_rules(values: Path) -> None:
+    mode, peering = _ci_mode(values)
+    granted, wanted = _granted(render(values=[values])), operator_rules(mode, peering=peering)
     assert granted == wanted, (f"chart grants more: {sorted(granted - wanted)}; "
                                f"chart lacks: {sorted(wanted - granted)}")
+
+
+@pytest.mark.parametrize("case", MODES)
+def test_each_mode_grants_exactly_its_rules_where_they_belong(case: str) -> None:
+    sets, mode, peering = MODES[case]
+    docs = render(sets=sets)
+    granted, wanted = _granted(docs), operator_rules(mode, peering=peering)
+    assert granted == wanted, (f"chart grants more: {sorted(granted - wanted)}; "
+                               f"chart lacks: {sorted(wanted - granted)}")
+    cluster_rules = operator_rules(mode, peering=peering, cluster_scoped=True)
+    namespaced_rules = operator_rules(mode, peering=peering, cluster_scoped=False)
+    assert {r for _, r, _ in namespaced_rules} >= NAMESPACED_RESOURCES
+    sa = {"kind": "ServiceAccount", "name": "elastrain", "namespace": "elastrain-system"}
+    roles = {r["metadata"]["name"]: r for r in of_kind(docs, "ClusterRole")}
+    cluster_bindings = of_kind(docs, "ClusterRoleBinding")
+    for binding in cluster_bindings:
+        assert binding["roleRef"]["kind"] == "ClusterRole" and binding["subjects"] == [sa]
+    assert {b["roleRef"]["name"] for b in cluster_bindings} == set(roles)
+    if mode == "cluster-wide":
+        assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+        return
+    # Namespaced: no ClusterRole may touch a namespaced object (no cluster-wide pod create) ...
+    assert _granted(docs, "ClusterRole") == cluster_rules
+    assert not [t for t in _granted(docs, "ClusterRole") if t[1] in NAMESPACED_RESOURCES]
+    # ... and each watched namespace, and only those, has one Role with exactly the namespaced
+    # rules, bound to the operator's ServiceAccount by one RoleBinding.
+    by_namespace: dict[str, list[Manifest]] = {}
+    for doc in of_kind(docs, "Role") + of_kind(docs, "RoleBinding"):
+        by_namespace.setdefault(doc["metadata"]["namespace"], []).append(doc)
+    assert sorted(by_namespace) == WATCHED
+    for ns, objects in by_namespace.items():
+        (role,) = of_kind(objects, "Role")
+        (binding,) = of_kind(objects, "RoleBinding")
+        assert rule_triples(role["rules"]) == namespaced_rules, ns
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [sa]
+
+
+def test_rules_are_marked_cluster_scoped_exactly_for_cluster_scoped_resources() -> None:
+    from elastrain_operator.rbac import RULES
+    cluster_scoped = {"namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+    for rule in RULES:
+        assert all((r in cluster_scoped) == rule.cluster_scoped for r in rule.resources), rule
 
 
 def test_rbac_has_no_wildcards_or_secrets(ci_render: list[Manifest]) -> None:
@@ -228,30 +295,61 @@ def test_rbac_has_no_wildcards_or_secrets(ci_render: list[Manifest]) -> None:
     assert ("elastrain.dev", "trainingjobs/status", "patch") in _granted(ci_render)
 
 
-def test_cluster_wide_operator_gets_cluster_role_bindings_only() -> None:
-    docs = render()
-    assert not of_kind(docs, "RoleBinding")
-    bound = {b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")}
-    assert bound == {r["metadata"]["name"] for r in of_kind(docs, "ClusterRole")}
-
-
-def test_namespaced_operator_binds_namespaced_rules_per_namespace() -> None:
-    docs = render(sets=["operator.watchNamespaces.team-a=true",
-                        "operator.watchNamespaces.team-b=true"])
-    bindings = of_kind(docs, "RoleBinding")
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    namespaced_role = {b["roleRef"]["name"] for b in bindings}
-    cluster_bound = {b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")}
-    assert not namespaced_role & cluster_bound
-    for binding in bindings + of_kind(docs, "ClusterRoleBinding"):
-        (subject,) = binding["subjects"]
-        assert subject == {"kind": "ServiceAccount", "name": "elastrain",
-                           "namespace": "elastrain-system"}
-
-
 def test_rbac_can_be_left_to_the_cluster_admin() -> None:
     docs = render(sets=["rbac.create=false"])
     assert not [d for d in docs if _group(d) == "rbac.authorization.k8s.io"]
+
+
+# --- NetworkPolicy configuration handed to the operator -------------------------------------
+
+def _env(docs: list[Manifest]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _container(docs)["env"] if "value" in e}
+
+
+def test_network_policy_is_on_by_default_and_can_be_turned_off() -> None:
+    assert _env(render())["ELASTRAIN_NETWORK_POLICY"] == "true"
+    off = _env(render(sets=["networkPolicy.enabled=false"]))
+    assert off["ELASTRAIN_NETWORK_POLICY"] == "false"
+
+
+def test_operator_peer_selects_the_operator_pods_in_the_release_namespace() -> None:
+    import json
+    docs = render(release="ops", namespace="platform")
+    peer = json.loads(_env(docs)["ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER"])
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "platform"}}
+    deployment = one(docs, "Deployment")["spec"]
+    assert peer["podSelector"] == {"matchLabels": deployment["selector"]["matchLabels"]}
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "ops"
+    assert peer["podSelector"]["matchLabels"].items() <= (
+        deployment["template"]["metadata"]["labels"].items())
+    assert set(peer) == {"namespaceSelector", "podSelector"}
+
+
+def test_scrapers_reach_the_operator_as_a_list_of_peers_in_name_order() -> None:
+    import json
+    assert json.loads(_env(render())["ELASTRAIN_NETWORK_POLICY_SCRAPERS"]) == []
+    docs = render(sets=[
+        "networkPolicy.scrapers.prometheus.podSelector.matchLabels.app=prometheus",
+        "networkPolicy.scrapers.prometheus.namespaceSelector.matchLabels.team=obs",
+        "networkPolicy.scrapers.agent.ipBlock.cidr=10.0.0.0/24",
+        "networkPolicy.scrapers.dropped=null"])
+    assert json.loads(_env(docs)["ELASTRAIN_NETWORK_POLICY_SCRAPERS"]) == [
+        {"ipBlock": {"cidr": "10.0.0.0/24"}},
+        {"namespaceSelector": {"matchLabels": {"team": "obs"}},
+         "podSelector": {"matchLabels": {"app": "prometheus"}}}]
+
+
+@pytest.mark.parametrize("bad", [
+    "networkPolicy.scrapers.p.podSelectr.matchLabels.app=x",
+    "networkPolicy.scrapers.p.ipBlock.cidr=10.0.0.0/8,"
+    "networkPolicy.scrapers.p.podSelector.matchLabels.app=x",
+    "networkPolicy.scrapers.p.podSelector.matchExpressions[0].key=app,"
+    "networkPolicy.scrapers.p.podSelector.matchExpressions[0].operator=Like",
+    "networkPolicy.enabled=maybe",
+])
+def test_schema_refuses_a_malformed_network_policy_value(bad: str) -> None:
+    render_error(sets=[bad])
 
 
 # --- ServiceAccount -------------------------------------------------------------------------
