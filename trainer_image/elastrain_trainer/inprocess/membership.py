@@ -1,0 +1,220 @@
+"""Membership, pure: the store's key names, the plan of a generation change, liveness.
+
+Nothing here talks to a store or a process group (docs/recovery.md sections 2, 3 and 6); the
+adapter (`inprocess.store`) reads the keys, and `plan_generation` decides from what it read.
+
+Unit of membership: a node (one launcher's local ranks; this first implementation runs one
+rank per node). A generation is one process group: its members, their ranks, the step it starts
+at, which joiner is healed from which survivor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# Keys, relative to store_prefix(run_id). Values are JSON unless noted.
+EPOCH_KEY = "epoch"      # the store's incarnation (section 7)
+GEN_KEY = "gen"          # the current generation (int as text); won by compare_set
+PENDING_KEY = "pending"  # a counter bumped with each change request (add)
+JOIN_SEQ_KEY = "join/seq"  # a counter: join requests are numbered (a store cannot list keys)
+DONE_KEY = "done"        # {"step"}: training finished; waiting joiners exit 0
+
+REASONS = ("start", "leave", "join", "fail")
+
+
+def store_prefix(run_id: str) -> str:
+    """Every key of a job lives under this prefix of the job's store."""
+    if not run_id:
+        raise ValueError("in-process recovery needs a run id (ELASTRAIN_RUN_ID)")
+    return f"elastrain/{run_id}/"
+
+
+def node_key(node_id: str) -> str:
+    return f"node/{node_id}"
+
+
+def heartbeat_key(node_id: str) -> str:
+    return f"hb/{node_id}"
+
+
+def leave_key(node_id: str) -> str:
+    return f"leave/{node_id}"
+
+
+def join_key(seq: int) -> str:
+    """The node_id of join request number `seq` (1-based, from JOIN_SEQ_KEY)."""
+    return f"join/{seq}"
+
+
+def plan_key(gen: int) -> str:
+    return f"gen/{gen}/plan"
+
+
+def ack_key(gen: int, node_id: str) -> str:
+    return f"gen/{gen}/ack/{node_id}"
+
+
+def report_key(gen: int, node_id: str) -> str:
+    """A survivor of generation `gen`'s failure: its committed step (no-notice path)."""
+    return f"gen/{gen}/report/{node_id}"
+
+
+def failed_key(gen: int) -> str:
+    return f"gen/{gen}/failed"
+
+
+def pg_prefix(gen: int) -> str:
+    """The process group of generation `gen` (old generations' keys are never reused)."""
+    return f"gen/{gen}/pg/"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """What bounds a generation's world: the global batch is fixed for the whole job."""
+
+    global_batch: int
+    micro_batch: int
+    max_world: int
+    min_world: int = 1
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1 or self.global_batch < self.micro_batch:
+            raise ValueError(f"global batch {self.global_batch} and micro batch "
+                             f"{self.micro_batch}: need 1 <= micro <= global")
+        if not 1 <= self.min_world <= self.max_world:
+            raise ValueError(f"world sizes: need 1 <= min {self.min_world} <= max "
+                             f"{self.max_world}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Requests:
+    """What the coordinator read from the store at a change.
+
+    `joining` in request order; `dead` judged by liveness or a failed collective; `steps` each
+    reporting node's committed step (the no-notice path; empty with notice: every member is at
+    the same step boundary)."""
+
+    step: int
+    leaving: frozenset[str] = frozenset()
+    joining: tuple[str, ...] = ()
+    dead: frozenset[str] = frozenset()
+    steps: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One generation: who trains, at which rank, from which step; who heals from whom."""
+
+    gen: int
+    step: int
+    world_size: int
+    nodes: tuple[str, ...]            # in rank order
+    heal: Mapping[str, str]           # node -> the live node it receives the state from
+    reason: str
+    global_batch: int
+    accum: int
+    spares: tuple[str, ...] = ()      # available nodes beyond the world size: they keep waiting
+    pending: int = 0                  # the store's `pending` counter this plan answered
+    join_seq: int = 0                 # the last join request this plan read
+
+    def rank_of(self, node_id: str) -> int | None:
+        return self.nodes.index(node_id) if node_id in self.nodes else None
+
+    @property
+    def coordinator(self) -> str:
+        return self.nodes[0]
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "ranks": {n: i for i, n in
+                                                                  enumerate(self.nodes)}})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        raw: dict[str, Any] = json.loads(text)
+        raw.pop("ranks", None)
+        return cls(**{**raw, "nodes": tuple(raw["nodes"]), "spares": tuple(raw["spares"]),
+                      "heal": dict(raw["heal"])})
+
+
+class NoQuorumError(RuntimeError):
+    """Too few live nodes for min_world (or for any split of the global batch)."""
+
+
+def choose_world_size(available: int, cfg: PlanConfig) -> int:
+    """The largest world <= available nodes and <= max_world that splits the global batch into
+    whole micro-batches on every rank (`global % (micro * world) == 0`)."""
+    for world in range(min(available, cfg.max_world), cfg.min_world - 1, -1):
+        if cfg.global_batch % (cfg.micro_batch * world) == 0:
+            return world
+    raise NoQuorumError(f"{available} live node(s): no world size in [{cfg.min_world}, "
+                        f"{cfg.max_world}] splits global batch {cfg.global_batch} into "
+                        f"micro-batches of {cfg.micro_batch}")
+
+
+def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Plan:
+    """The next generation: survivors in their old rank order, then spares and joiners in
+    request order; the world is the largest that keeps the global batch; every node that is
+    behind the newest committed step (a joiner, or a survivor whose step did not commit) heals
+    from a survivor at that step, round robin so k joiners pull from k sources."""
+    old = current.nodes + current.spares if current is not None else ()
+    gone = req.leaving | req.dead
+    survivors = [n for n in old if n not in gone]
+    joiners = [n for n in req.joining if n not in gone and n not in survivors]
+    candidates = survivors + joiners
+    world = choose_world_size(len(candidates), cfg)
+    nodes, spares = tuple(candidates[:world]), tuple(candidates[world:])
+    members = set(current.nodes) if current is not None else set()
+    step = max([req.step, *(req.steps.get(n, req.step) for n in nodes if n in members)])
+    # A source holds the state at `step`: a member of the old generation that committed it.
+    sources = [n for n in nodes if n in members and req.steps.get(n, req.step) == step]
+    behind = [n for n in nodes if n not in sources]
+    if current is not None and behind and not sources:
+        raise NoQuorumError(f"no live member holds step {step}: {behind} cannot be healed")
+    heal = {n: sources[i % len(sources)] for i, n in enumerate(behind)} if current else {}
+    return Plan(gen=(current.gen if current is not None else 0) + 1, step=step,
+                world_size=world, nodes=nodes, heal=heal,
+                reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
+                accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares)
+
+
+def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:
+    if current is None:
+        return "start"
+    if req.dead:
+        return "fail"
+    if req.leaving:
+        return "leave"
+    return "join" if joiners else "leave"
+
+
+def successor_order(plan: Plan, dead: Iterable[str]) -> list[str]:
+    """Who coordinates the next change when the coordinator may be gone: the plan's nodes in
+    order, the dead left out (deterministic: no election round)."""
+    gone = set(dead)
+    return [n for n in plan.nodes if n not in gone]
+
+
+@dataclasses.dataclass
+class Liveness:
+    """Judges peers by whether their heartbeat counter moved, on the watcher's own clock (no
+    clock skew between nodes). A node never seen to beat is judged from when watching began."""
+
+    timeout_s: float
+    _seen: dict[str, tuple[int | None, float]] = dataclasses.field(default_factory=dict)
+
+    def observe(self, counters: Mapping[str, int | None], now: float) -> None:
+        for node, value in counters.items():
+            last = self._seen.get(node)
+            if last is None or last[0] != value:
+                self._seen[node] = (value, now)
+
+    def dead(self, now: float) -> frozenset[str]:
+        return frozenset(n for n, (_, since) in self._seen.items()
+                         if now - since >= self.timeout_s)
+
+    def is_alive(self, node: str, now: float) -> bool:
+        last = self._seen.get(node)
+        return last is not None and now - last[1] < self.timeout_s
