@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import sys
 from collections.abc import Sequence
 
 import kopf
 
+from elastrain_operator.network_settings import read_network_settings
 from elastrain_operator.startup import OperatorState, RuntimeOptions
 
 
@@ -48,14 +50,23 @@ def build_parser(prog: str = "python -m elastrain_operator") -> argparse.Argumen
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_operator") -> int:
     args = build_parser(prog).parse_args(argv)
-    import elastrain_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+    try:
+        network = read_network_settings()
+    except ValueError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
+    import elastrain_operator.handlers as handlers  # registers the handlers with kopf
+
+    if network.enabled:
+        handlers.watch_network_policies()
 
     clusterwide = args.all_namespaces or not args.namespace
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     options = RuntimeOptions(
         standalone=args.standalone, peering_name=args.peering, priority=priority,
         clusterwide=clusterwide, namespaces=list(args.namespace),
-        metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime)
+        metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime,
+        network=network)
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)

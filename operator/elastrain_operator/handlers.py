@@ -2,7 +2,8 @@
 
 They run on kopf's event loop and return at once; the operator's work queue (workqueue.py)
 runs reconcile_if_needed() for the noted jobs on threads of its own:
-- every watch event of a TrainingJob, and of a pod or Service labelled with a job's name, updates
+- every watch event of a TrainingJob, and of a pod, Service or NetworkPolicy (when the operator
+  renders them: watch_network_policies) labelled with a job's name, updates
   the in-memory view (k8s.cache); a change the planner can see queues the job as urgent (a
   deleted job's pods are released this way too);
 - a ticker (one kopf daemon per live job, tickers.py) queues the job as routine every
@@ -88,6 +89,18 @@ async def on_owned_pod_event(*, type: str | None, body: kopf.Body, memo: Any,
 async def on_owned_service_event(*, type: str | None, body: kopf.Body, memo: Any,
                                  **_: Any) -> None:
     await _on_child_event("services", type, body, memo)
+
+
+async def on_owned_network_policy_event(*, type: str | None, body: kopf.Body, memo: Any,
+                                       **_: Any) -> None:
+    await _on_child_event("networkpolicies", type, body, memo)
+
+
+def watch_network_policies() -> None:
+    """Registered only when jobs get NetworkPolicies (network_settings): an install that turns
+    them off need not grant the operator any right on networkpolicies."""
+    kopf.on.event("networking.k8s.io", "v1", "networkpolicies",
+                  labels={LABEL_JOB: kopf.PRESENT})(on_owned_network_policy_event)
 
 
 # What pyproject.toml pins kopf to: the versions the tests ran.

@@ -44,6 +44,7 @@ from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.probe import poll_progress
+from elastrain_operator.render.network import MetricsPeers
 
 log = logging.getLogger(__name__)
 ROUNDS = 4  # the watch's copy, then a fresh read per lost status race; then wait for a trigger
@@ -62,6 +63,7 @@ class Options:
     progress: tuple[ProgressReport, ...] | None = None  # already polled: use, do not poll again
     clock: Callable[[], datetime] = utcnow
     cache: Cache | None = None  # the watch-fed view; None: observe everything live
+    network: MetricsPeers | None = None  # each job gets its NetworkPolicy; None: no policies
 
 
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
@@ -91,7 +93,8 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         observed = replace(observed, progress=poll_progress(observed.workers,
                                                             cached.job.spec.metrics_port))
         options = replace(options, progress=observed.progress, poll_progress=False)
-    if has_work(plan(cached.job, observed, now=now), cached.job, children.orphans):
+    if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
+                children.orphans):
         return True, options
     if observed.progress is None:
         # Time alone only ever makes steps due (a backoff ends, a deadline or TTL passes),
@@ -99,8 +102,8 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         # the ticker's next ticks need not plan again until the inputs change or `later`.
         for horizon in QUIET_HORIZONS_SECONDS:
             later = now + timedelta(seconds=horizon)
-            if not has_work(plan(cached.job, observed, now=later), cached.job,
-                            children.orphans):
+            if not has_work(plan(cached.job, observed, now=later, network=options.network),
+                            cached.job, children.orphans):
                 cache.set_quiet(key, signature, later)
                 break
     return False, options
@@ -159,7 +162,7 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
 def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
            now: datetime, polled: list[tuple[ProgressReport, ...]]) -> None:
     ns = job.metadata.namespace
-    children = observe(kube, job, options.cache)
+    children = observe(kube, job, options.cache, network_policy=options.network is not None)
     observed = children.observed
     if options.progress is not None:
         observed = replace(observed, progress=options.progress)
@@ -167,7 +170,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         if not polled:
             polled.append(poll_progress(observed.workers, job.spec.metrics_port))
         observed = replace(observed, progress=polled[0])
-    p = plan(job, observed, now=now)
+    p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:
         written = write_status(kube, raw, p.status)
         if options.cache is not None and written:

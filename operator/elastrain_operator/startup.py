@@ -23,6 +23,7 @@ import kopf
 from elastrain_operator import metrics
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
+from elastrain_operator.network_settings import NetworkPolicySettings
 from elastrain_operator.reconcile import Options, reconcile_if_needed
 from elastrain_operator.tickers import Tickers
 from elastrain_operator.workqueue import WorkQueue
@@ -53,6 +54,7 @@ class RuntimeOptions:
     namespaces: list[str] = field(default_factory=list)
     metrics_port: int = 0
     peering_lifetime_seconds: int = 60
+    network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class OperatorState:
     queue: WorkQueue | None = None
     tickers: Tickers = field(default_factory=Tickers)
     last_progress_poll: dict[str, float] = field(default_factory=dict)
+    network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
     _deleted: dict[Key, set[str]] = field(default_factory=dict)  # key -> uids of deleted jobs
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -76,7 +79,9 @@ class OperatorState:
         """What a queue thread runs for one job."""
         assert self.kube is not None
         try:
-            reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache))
+            network = self.network.peers if self.network.enabled else None
+            reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache,
+                                                        network=network))
         finally:
             # Here rather than on the DELETED event: a round of the job in flight then would
             # record it again after. Rounds of one key never overlap, and the event queues one.
@@ -134,6 +139,10 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # deletionTimestamp, and kopf stops its ticker, re-checking whether it has exited only
     # every cancellation_polling seconds (60 by default). Any other deletion: tickers.py.
     settings.background.cancellation_polling = 1.0
+    state.network = options.network
+    if options.network.enabled and options.network.peers.operator is None:
+        log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
+                    "leaves the workers' metrics/progress port open to every pod")
     state.kube = Kube(load_api_client(pool_size=WORKERS + 4))
     state.queue = WorkQueue(state.handle, workers=WORKERS, retry_seconds=HANDLER_BACKOFF_SECONDS)
     state.queue.start()

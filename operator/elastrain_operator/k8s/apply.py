@@ -74,8 +74,10 @@ def release_pod(kube: Kube, namespace: str, name: str) -> None:
 def create_child(kube: Kube, manifest: Manifest) -> bool:
     """True when created, False when it already existed."""
     meta = manifest["metadata"]
-    plural = {"Pod": "pods", "Service": "services"}[manifest["kind"]]
-    return kube.create(namespaced("v1", meta["namespace"], plural), manifest) is not None
+    plural = {"Pod": "pods", "Service": "services",
+              "NetworkPolicy": "networkpolicies"}[manifest["kind"]]
+    return kube.create(namespaced(manifest["apiVersion"], meta["namespace"], plural),
+                       manifest) is not None
 
 
 def apply_children(kube: Kube, namespace: str, *, delete: tuple[str, ...],

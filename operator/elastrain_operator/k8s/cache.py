@@ -1,4 +1,5 @@
-"""The operator's in-memory view of TrainingJobs and of the pods and Services named after them.
+"""The operator's in-memory view of TrainingJobs and of the pods, Services and NetworkPolicies
+named after them (a NetworkPolicy is kept like a Service: its name and controller owner).
 
 The watch streams (kopf event handlers) feed it, so a reconcile reads a job's children from
 here instead of listing them: the cost of a job follows changes to it, not the number of jobs.
@@ -33,6 +34,7 @@ from elastrain_operator.model.names import (
     ROLE_STORE,
     ROLE_WORKER,
     WORKER_FINALIZER,
+    network_policy_name,
     store_name,
     worker_service_name,
 )
@@ -102,7 +104,8 @@ def build_children(pods: dict[str, PodRecord], services: dict[str, str], *, job_
     return Children(
         observed=Observed(workers=tuple(workers), store=store,
                           services=frozenset(ours & wanted),
-                          foreign_services=frozenset((set(services) - ours) & wanted)),
+                          foreign_services=frozenset((set(services) - ours) & wanted),
+                          network_policy=network_policy_name(job_name) in services),
         orphans=tuple(orphans))
 
 
@@ -221,7 +224,7 @@ class Cache:
         return key
 
     def remove(self, kind: str, obj: Manifest) -> Key | None:
-        """A pod or Service is gone (kind: "pods" or "services")."""
+        """A pod, Service or NetworkPolicy is gone (kind: "pods", or any other plural)."""
         meta = obj.get("metadata") or {}
         job_name = (meta.get("labels") or {}).get(LABEL_JOB)
         if not job_name:

@@ -15,6 +15,7 @@ LABEL_INDEX: Final = f"{LABEL_PREFIX}/worker-index"  # stable worker slot, 0..re
 LABEL_ATTEMPT: Final = f"{LABEL_PREFIX}/attempt"     # the slot's attempt the pod belongs to
 ROLE_WORKER: Final = "worker"
 ROLE_STORE: Final = "rdzv-store"
+ROLE_NETWORK: Final = "network-policy"  # the job's NetworkPolicy (no pods carry it)
 
 # Kubernetes' own Job controller keeps pods with a finalizer until it has counted them
 # (batch.kubernetes.io/job-tracking); ours does the same for worker pods, see WorkerSlot.
@@ -50,6 +51,11 @@ def worker_service_name(job: str) -> str:
 def store_name(job: str) -> str:
     """The rendezvous store's pod and Service share this name."""
     return f"{job}-rdzv"
+
+
+def network_policy_name(job: str) -> str:
+    """The job's NetworkPolicy (render.network)."""
+    return f"{job}-network"
 
 
 def store_host(job: str, namespace: str) -> str:

@@ -8,7 +8,8 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
    failure (policy.hang);
 2. decide: a worker's configuration error (no restart can fix it), budget spent, deadline
    passed, the store never Ready in time, or every trainer finished -> terminal;
-3. converge: the Services, the rendezvous store and one pod per active slot (those lost to the
+3. converge: the Services, the NetworkPolicy (when the operator renders them: render.network),
+   the rendezvous store and one pod per active slot (those lost to the
    store after its backoff, or once it is Ready); stale pods go;
 4. derive the status (written first by the shell) and the events announcing its transitions,
    including how long training took to run again after the newest loss (policy.progress)
@@ -80,6 +81,7 @@ from elastrain_operator.policy.store import (
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
 from elastrain_operator.policy.validation import pod_config_problems, validate
 from elastrain_operator.render.meta import Manifest
+from elastrain_operator.render.network import MetricsPeers, render_network_policy
 from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
 from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
@@ -96,6 +98,8 @@ class Observed:
     store: StorePod | None = None
     services: frozenset[str] = frozenset()          # owned by this job
     foreign_services: frozenset[str] = frozenset()  # our names, but someone else's objects
+    # The job's NetworkPolicy exists: ours, or a user's of that name, which is left alone.
+    network_policy: bool = False
     progress: tuple[ProgressReport, ...] | None = None  # None: not polled this round
 
 
@@ -253,7 +257,8 @@ def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
 
 
 def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
-              finishing: bool, now: datetime) -> tuple[bool, bool, datetime | None]:
+              finishing: bool, network: MetricsPeers | None,
+              now: datetime) -> tuple[bool, bool, datetime | None]:
     """Create what is missing; returns (created anything, waiting for a backoff, waiting for
     the store until)."""
     name = job.metadata.name
@@ -263,6 +268,9 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
         if service not in observed.services:
             r.create.append(render(job))
             created = True
+    # Before any pod, so no pod of the job runs unprotected by the enforcer.
+    if network is not None and not observed.network_policy:
+        r.create.append(render_network_policy(job, network))
     store = observed.store
     if desired and store is None:
         r.create.append(render_store_pod(job))
@@ -334,8 +342,10 @@ def _reports(observed: Observed) -> tuple[ProgressReport, ...] | None:
     return (*(observed.progress or ()), *final)
 
 
-def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
-    """Everything one reconcile should do, in the order the shell applies it."""
+def plan(job: TrainingJob, observed: Observed, *, now: datetime,
+         network: MetricsPeers | None = None) -> Plan:
+    """Everything one reconcile should do, in the order the shell applies it. `network`: the
+    metrics port's peers when the operator gives each job its NetworkPolicy, else None."""
     old = job.status
     r = _Round(acct=Accounting(
         slots=tuple(old.slots), losses=tuple(old.recent_losses), restarts=old.restarts,
@@ -375,7 +385,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime) -> Plan:
         _cleanup_stale(r, observed)
         if not blocking:
             created, in_backoff, held = _converge(r, job, observed, desired=desired,
-                                                  finishing=finishing, now=now)
+                                                  finishing=finishing, network=network,
+                                                  now=now)
     recovered = _recovery(r, observed, desired, now) if terminal is None else None
     if r.acct.backoff_until is not None and now >= r.acct.backoff_until:
         r.acct = replace(r.acct, backoff_until=None)
