@@ -28,6 +28,7 @@ crds: venv  ## regenerate crds/ from the pydantic models
 	$(BIN)/python -m elastrain_operator.render.crd > crds/.trainingjobs.tmp
 	mv crds/.trainingjobs.tmp crds/trainingjobs.elastrain.dev.yaml
 	cp crds/*.yaml charts/elastrain/crds/
+	$(BIN)/python -m elastrain_operator.render.admission > charts/elastrain/files/pod-security-warnings.yaml
 
 .PHONY: lint
 lint: venv  ## ruff, mypy (strict) and import-linter contracts

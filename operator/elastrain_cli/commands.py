@@ -50,6 +50,7 @@ def format_errors(err: ValidationError) -> str:
 
 
 def validate(text: str, origin: str) -> int:
+    from elastrain_operator.policy.devices import device_warnings
     from elastrain_operator.policy.validation import validate as crd_rules_on_children
 
     job = parse_job(text, origin)
@@ -57,6 +58,8 @@ def validate(text: str, origin: str) -> int:
     if problems := crd_rules_on_children(job):
         listed = "\n".join(f"  {p}" for p in problems)
         raise UserError(f"{origin}: invalid TrainingJob:\n{listed}")
+    for warning in device_warnings(job.spec):
+        print(f"{origin}: warning: {warning}", file=sys.stderr)
     print(f"{origin}: TrainingJob {job.metadata.name} is valid")
     return 0
 
@@ -160,7 +163,8 @@ def estimate(text: str, origin: str, *, world_size: int | None,
     from elastrain_trainer.estimate import parse_bytes, plan_fit
 
     job = parse_job(text, origin)
-    nproc = job.spec.nproc_per_node if isinstance(job.spec.nproc_per_node, int) else 1
+    auto_or_n = job.spec.effective_nproc_per_node
+    nproc = auto_or_n if isinstance(auto_or_n, int) else max(job.spec.gpu_count, 1)
     size = world_size or job.spec.replicas * nproc
     resources = job.spec.resources
     gpu = any(k.endswith("/gpu") for k in (*resources.limits, *resources.requests))

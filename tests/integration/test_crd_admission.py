@@ -288,7 +288,9 @@ def test_minimal_job_gets_defaults(api: client.CustomObjectsApi, kube_namespace:
     stored = create(api, kube_namespace, manifest)["spec"]
     assert stored["replicas"] == 1 and stored["minReplicas"] == 1
     assert "maxReplicas" not in stored
-    assert stored["strategy"] == "ddp" and stored["nprocPerNode"] == 1
+    # nprocPerNode has no stored default: unset means one rank per GPU, else one.
+    assert stored["strategy"] == "ddp" and "nprocPerNode" not in stored
+    assert stored["template"] == {"podSecurity": "Restricted"}
     assert stored["trainer"]["model"] == "gpt-tiny"
     assert stored["trainer"]["globalBatchSize"] == 8
     assert stored["rendezvous"]["port"] == 29400

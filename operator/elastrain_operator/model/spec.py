@@ -14,6 +14,14 @@ from pydantic import Field, model_validator
 
 from elastrain_operator.model.base import ApiModel, cel, immutable, k8s
 from elastrain_operator.model.names import MAX_JOB_NAME_LENGTH
+from elastrain_operator.model.pod_security import (
+    NON_RESTRICTED_VOLUME_TYPES,
+    ContainerSecurityContext,
+    PodSecurityContext,
+    PodSecurityLevel,
+    refusals,
+    template_rules,
+)
 from elastrain_operator.model.status import TrainingJobStatus
 
 API_GROUP = "elastrain.dev"
@@ -65,6 +73,8 @@ NAME_LENGTH_MESSAGE = (f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} cha
                        "worker hostnames are <name>-worker-<index> (at most 63)")
 NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no dots: "
                           "it names the job's Services")
+GPU_REQUESTS_MESSAGE = ("spec.resources: a GPU's requests and limits must be equal (set one: "
+                        "the operator sets the other)")
 NPROC_AUTO_MESSAGE = ("spec.nprocPerNode \"auto\" needs a GPU in spec.resources "
                       "(e.g. limits nvidia.com/gpu); set an integer for CPU workers")
 
@@ -87,7 +97,8 @@ Opaque = Annotated[
     dict[str, Any], Field(json_schema_extra=k8s(x_kubernetes_preserve_unknown_fields=True))]
 Quantity = Annotated[
     int | str,
-    Field(json_schema_extra=k8s(x_kubernetes_int_or_string=True, pattern=QUANTITY)),
+    Field(json_schema_extra=k8s(x_kubernetes_int_or_string=True, pattern=QUANTITY,
+                                maxLength=64)),
 ]
 
 
@@ -116,8 +127,19 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = None
 
 
+# A pod volume: open (every volume source is kept as written), with the sources the template's
+# Pod Security rules test for declared, since CEL sees only declared fields.
+_SOURCE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+Volume = Annotated[dict[str, Any], Field(json_schema_extra={
+    "properties": {"name": {"type": "string"},
+                   **{k: _SOURCE for k in ("hostPath", *NON_RESTRICTED_VOLUME_TYPES)}},
+    **k8s(x_kubernetes_preserve_unknown_fields=True)})]
+
+
 class PodTemplateOverride(ApiModel):
     """The narrow part of a PodSpec a user may set on worker pods."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": k8s(*template_rules())}
 
     labels: LabelMap = Field(default_factory=dict)
     annotations: AnnotationMap = Field(default_factory=dict)
@@ -127,11 +149,30 @@ class PodTemplateOverride(ApiModel):
     priority_class_name: str | None = Field(default=None, max_length=253)
     scheduler_name: str | None = Field(default=None, max_length=253)
     service_account_name: str | None = Field(default=None, max_length=253, pattern=DNS_LABEL)
-    volumes: list[Opaque] = Field(default_factory=list, max_length=32)
+    volumes: list[Volume] = Field(default_factory=list, max_length=32)
     volume_mounts: list[Opaque] = Field(default_factory=list, max_length=32)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
         default_factory=list, max_length=8)
+    pod_security: PodSecurityLevel = Field(
+        default="Restricted",
+        description="The Pod Security level the job's pods must pass. Restricted (the default) "
+                    "refuses any setting below it; Baseline or Privileged allow the settings "
+                    "that level allows, and admission warns with what was loosened.")
+    pod_security_context: PodSecurityContext | None = None
+    security_context: ContainerSecurityContext | None = None
+    shm_size: Quantity | None = Field(
+        default=None,
+        description="Size of the memory-backed /dev/shm of each worker (DataLoader workers and "
+                    "NCCL use it; it counts against the pod's memory). Default: 1Gi per local "
+                    "process (nprocPerNode), 0 turns it off.")
+
+    @model_validator(mode="after")
+    def _pod_security(self) -> PodTemplateOverride:
+        # The CRD's rules (model/pod_security.py), so objects built in Python fail the same way.
+        if problems := refusals(self):
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class ValidationSpec(ApiModel):
@@ -315,7 +356,15 @@ _SPEC_RULES = k8s(
         field_path=".trainer.globalBatchSize"),
     cel("!has(self.command) || size(self.command) > 0",
         "spec.command must not be empty when set", field_path=".command"),
-    cel("type(self.nprocPerNode) != string || self.nprocPerNode != 'auto' || "
+    cel("has(self.nprocPerNode) == has(oldSelf.nprocPerNode)",
+        "spec.nprocPerNode is immutable: it cannot be added or removed after creation",
+        field_path=".nprocPerNode", reason="FieldValueForbidden"),
+    cel("!has(self.resources.limits) || !has(self.resources.requests) || "
+        "self.resources.limits.all(k, !k.endsWith('/gpu') || !(k in self.resources.requests) "
+        "|| string(self.resources.requests[k]) == string(self.resources.limits[k]))",
+        GPU_REQUESTS_MESSAGE, field_path=".resources"),
+    cel("!has(self.nprocPerNode) || type(self.nprocPerNode) != string || "
+        "self.nprocPerNode != 'auto' || "
         f"{_gpu_in('limits')} || {_gpu_in('requests')}",
         NPROC_AUTO_MESSAGE, field_path=".nprocPerNode"),
 )
@@ -339,8 +388,10 @@ class TrainingJobSpec(ApiModel):
         default=None, ge=1, le=MAX_WORKERS,
         json_schema_extra=k8s(immutable("spec.maxReplicas")),
         description="Most workers the job may scale to; unset means no upper bound.")
-    nproc_per_node: int | Literal["auto"] = Field(
-        default=1,
+    nproc_per_node: int | Literal["auto"] | None = Field(
+        default=None,
+        description="Processes (ranks) per worker pod. Default: the pod's GPU count "
+                    "(resources nvidia.com/gpu), else 1.",
         json_schema_extra=k8s(
             cel("type(self) == string ? self == 'auto' : (self >= 1 && self <= 64)",
                 "spec.nprocPerNode must be an integer in [1, 64] or \"auto\""),
@@ -382,9 +433,32 @@ class TrainingJobSpec(ApiModel):
                 "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize")
         if self.trainer.cpu_offload and self.strategy != "fsdp":
             raise ValueError("spec.trainer.cpuOffload requires spec.strategy fsdp")
+        limits, requests = self.resources.limits, self.resources.requests
+        if any(k.endswith("/gpu") and k in requests and str(requests[k]) != str(v)
+               for k, v in limits.items()):
+            raise ValueError(GPU_REQUESTS_MESSAGE)
         if self.trainer.min_lr > self.trainer.lr:
             raise ValueError("spec.trainer.minLr must be <= spec.trainer.lr")
         return self
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs per worker pod: its `<vendor>/gpu` limit, else request (whole devices)."""
+        for table in (self.resources.limits, self.resources.requests):
+            for key, value in table.items():
+                if key.endswith("/gpu"):
+                    try:
+                        return int(str(value))
+                    except ValueError:  # "1k" GPUs: a valid quantity, not a count we trust
+                        return 1
+        return 0
+
+    @property
+    def effective_nproc_per_node(self) -> int | Literal["auto"]:
+        """What torchrun gets: nprocPerNode, else one process per GPU, else one."""
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return max(self.gpu_count, 1)
 
     @property
     def effective_max_replicas(self) -> int:

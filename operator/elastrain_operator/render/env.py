@@ -50,7 +50,7 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
     """PET_* for an elastic c10d run against the job's rendezvous store."""
     return {
         "PET_NNODES": f"{spec.min_replicas}:{spec.effective_max_replicas}",
-        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        "PET_NPROC_PER_NODE": str(spec.effective_nproc_per_node),
         "PET_RDZV_BACKEND": "c10d",
         "PET_RDZV_ENDPOINT": f"{store_host(job_name, namespace)}:{spec.rendezvous.port}",
         "PET_RDZV_ID": job_uid,
@@ -112,12 +112,28 @@ def _credentials(spec: TrainingJobSpec) -> EnvList:
     return out
 
 
+# On GPU workers (the trainer then runs NCCL for the model's collectives): 1 makes a failed or
+# timed-out collective abort its communicator and end the process, so torchrun and the operator
+# see a failure instead of a rank hung on a dead peer (torch's default, 3, skips the abort and
+# can hang at exit); the flight recorder's dump on timeout says which collective and rank hung
+# (written under /tmp, an emptyDir).
+NCCL_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+}
+
+
 def render_worker_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
                       job_name: str) -> EnvList:
     """The full env list of a worker container, in the order documented above."""
     plain = {**render_torchrun_env(spec, namespace=namespace, job_uid=job_uid, job_name=job_name),
-             **render_trainer_env(spec, job_name)}
-    env: EnvList = [{"name": k, "value": v} for k, v in plain.items()]
+             **render_trainer_env(spec, job_name),
+             **(NCCL_ENV if spec.gpu_count else {})}
+    own = {e.name for e in spec.env}
+    # The user's spec.env comes last and wins; a setting of ours they also set is left out
+    # rather than shadowed (two entries of one name: kubectl warns, readers are misled).
+    env: EnvList = [{"name": k, "value": v} for k, v in plain.items() if k not in own]
     env += _credentials(spec)
     env += [e.to_api() for e in spec.env]
     return env

@@ -18,6 +18,11 @@ from elastrain_operator.model.names import (
 )
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.meta import Manifest, child_metadata
+from elastrain_operator.render.security import (
+    pod_security_context,
+    scratch_volumes,
+    store_container_security_context,
+)
 
 # The store is a TCPStore, but reaching it means importing torch: PyPI's CUDA build maps ~530 MiB
 # on import (measured: max RSS 526 MiB), and a 256Mi limit OOM-killed the store on a real node.
@@ -52,6 +57,7 @@ def render_store_pod(job: TrainingJob) -> Manifest:
     spec = job.spec
     store = spec.rendezvous.store
     port = spec.rendezvous.port
+    volumes, mounts = scratch_volumes(spec, shm=False)
     pod_spec: Manifest = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 5,
@@ -65,7 +71,11 @@ def render_store_pod(job: TrainingJob) -> Manifest:
             # A crash leaves its log's tail in lastState: RendezvousStoreReady quotes its last
             # line (a store image without python3 or torch says so there).
             "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": store_container_security_context(),
+            "volumeMounts": mounts,
         }],
+        "volumes": volumes,
+        "securityContext": pod_security_context(spec.template),
     }
     if store.node_selector:
         pod_spec["nodeSelector"] = dict(store.node_selector)

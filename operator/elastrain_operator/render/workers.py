@@ -25,11 +25,48 @@ from elastrain_operator.model.names import (
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.env import render_command, render_worker_env
 from elastrain_operator.render.meta import Manifest, child_metadata
+from elastrain_operator.render.security import (
+    container_security_context,
+    pod_security_context,
+    scratch_volumes,
+)
 
 
 def _resources(job: TrainingJob) -> Manifest:
+    """The spec's resources; a GPU (an extended resource) gets limits = requests, as the
+    apiserver requires, whichever of the two the user wrote."""
     res = job.spec.resources.to_api()
+    for key in [*res.get("limits", {}), *res.get("requests", {})]:
+        if key.endswith("/gpu"):
+            value = res.get("limits", {}).get(key, res.get("requests", {}).get(key))
+            res.setdefault("limits", {})[key] = value
+            res.setdefault("requests", {})[key] = value
     return {k: v for k, v in res.items() if v}
+
+
+def _tolerations(job: TrainingJob) -> list[Manifest]:
+    """The user's tolerations, plus the `<vendor>/gpu` NoSchedule taint GPU node pools carry
+    (EKS and GKE taint them so) when the job asks for that GPU and does not tolerate it yet."""
+    tolerations = [x.to_api() for x in job.spec.template.tolerations]
+    res = job.spec.resources
+    for key in dict.fromkeys(k for k in [*res.limits, *res.requests] if k.endswith("/gpu")):
+        if not any(t.get("key") == key for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
+
+
+def _mounts(job: TrainingJob) -> tuple[list[Manifest], list[Manifest]]:
+    """(volumes, volumeMounts): the user's, then the writable scratch of a read-only root
+    filesystem where the user mounts nothing of their own."""
+    t = job.spec.template
+    volumes, mounts = list(t.volumes), list(t.volume_mounts)
+    taken = {m.get("mountPath") for m in mounts}
+    scratch, scratch_mounts = scratch_volumes(job.spec, shm=True)
+    for volume, mount in zip(scratch, scratch_mounts, strict=True):
+        if mount["mountPath"] not in taken:
+            volumes.append(volume)
+            mounts.append(mount)
+    return volumes, mounts
 
 
 def _container(job: TrainingJob) -> Manifest:
@@ -43,6 +80,7 @@ def _container(job: TrainingJob) -> Manifest:
         # A failed container's log tail lands in its status, where the operator reads why torchrun
         # exited (policy/failures.py) and users see it without the pod's logs.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(spec.template),
     }
     if spec.args:
         container["args"] = list(spec.args)
@@ -51,8 +89,7 @@ def _container(job: TrainingJob) -> Manifest:
                                "protocol": "TCP"}]
     if resources := _resources(job):
         container["resources"] = resources
-    if spec.template.volume_mounts:
-        container["volumeMounts"] = list(spec.template.volume_mounts)
+    container["volumeMounts"] = _mounts(job)[1]
     if spec.template.image_pull_policy:
         container["imagePullPolicy"] = spec.template.image_pull_policy
     return container
@@ -63,13 +100,14 @@ def _template_fields(job: TrainingJob) -> Manifest:
     t = job.spec.template
     fields: dict[str, Any] = {
         "nodeSelector": dict(t.node_selector) or None,
-        "tolerations": [x.to_api() for x in t.tolerations] or None,
+        "tolerations": _tolerations(job) or None,
         "affinity": t.affinity,
         "priorityClassName": t.priority_class_name,
         "schedulerName": t.scheduler_name,
         "serviceAccountName": t.service_account_name,
         "imagePullSecrets": [{"name": n} for n in t.image_pull_secrets] or None,
-        "volumes": list(t.volumes) or None,
+        "volumes": _mounts(job)[0],
+        "securityContext": pod_security_context(t),
     }
     return {k: v for k, v in fields.items() if v is not None}
 

@@ -63,7 +63,8 @@ def test_builtin_kinds_validate_against_kubernetes_schema(ci_render: list[Manife
 def test_every_object_is_labelled_and_namespaced_where_it_must_be(
         ci_render: list[Manifest]) -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                      "ClusterKopfPeering"}
+                      "ClusterKopfPeering", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
     for doc in ci_render:
         meta = doc["metadata"]
         if doc["kind"] == "CustomResourceDefinition":

@@ -19,7 +19,7 @@ def test_defaults_are_filled_in() -> None:
     s = TrainingJobSpec.model_validate({"image": "img"})
     assert s.replicas == 1 and s.min_replicas == 1 and s.max_replicas is None
     assert s.strategy == "ddp"
-    assert s.nproc_per_node == 1
+    assert s.nproc_per_node is None and s.effective_nproc_per_node == 1
     assert s.trainer.model == "gpt-tiny" and s.trainer.precision == "fp32"
     assert s.rendezvous.port == 29400 and s.rendezvous.last_call_timeout_seconds == 1
     assert s.restart_policy.max_restarts == 3 and s.restart_policy.max_preemptions is None

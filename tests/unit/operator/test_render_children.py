@@ -50,7 +50,15 @@ spec:
   tolerations: [{key: spot, operator: Exists, effect: NoSchedule}]
   priorityClassName: batch
   imagePullSecrets: [{name: regcred}]
-  volumes: [{name: data, emptyDir: {}}]
+  volumes:
+  - {name: data, emptyDir: {}}
+  - {name: elastrain-tmp, emptyDir: {}}
+  - {name: elastrain-shm, emptyDir: {medium: Memory, sizeLimit: 1Gi}}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    seccompProfile: {type: RuntimeDefault}
   containers:
   - name: trainer
     image: trainer:dev
@@ -59,7 +67,14 @@ spec:
     args: [--steps, "5"]
     ports: [{name: metrics, containerPort: 9400, protocol: TCP}]
     resources: {limits: {cpu: "2"}}
-    volumeMounts: [{name: data, mountPath: /data}]
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      capabilities: {drop: [ALL]}
+    volumeMounts:
+    - {name: data, mountPath: /data}
+    - {name: elastrain-tmp, mountPath: /tmp}
+    - {name: elastrain-shm, mountPath: /dev/shm}
 """)
 
 
