@@ -93,8 +93,9 @@ def test_global_batch_divides_every_allowed_world_size(path: Path, doc: Manifest
     from elastrain_operator.model import TrainingJob
 
     spec = TrainingJob.model_validate(doc).spec
-    assert isinstance(spec.nproc_per_node, int), "examples pin nprocPerNode"
-    sizes = [n * spec.nproc_per_node for n in range(spec.min_replicas,
+    nproc = spec.effective_nproc_per_node
+    assert isinstance(nproc, int), "examples pin nprocPerNode or request GPUs"
+    sizes = [n * nproc for n in range(spec.min_replicas,
                                                      spec.effective_max_replicas + 1)]
     assert spec.max_replicas is not None, "an example bounds maxReplicas"
     step = spec.trainer.micro_batch_size * lcm(*sizes)
@@ -115,13 +116,25 @@ def test_termination_grace_fits_the_providers_notice(path: Path, doc: Manifest) 
                          ids=[i for i in JOB_IDS if i.split("/")[0] in NOTICE_SECONDS])
 def test_cloud_examples_run_on_tolerated_spot_gpus_with_a_cloud_identity(
         path: Path, doc: Manifest) -> None:
+    from elastrain_operator.model import TrainingJob
+    from elastrain_operator.render.workers import render_worker_pod
+
     spec, docs = doc["spec"], load_docs(path)
     template = spec["template"]
-    assert spec["resources"]["limits"]["nvidia.com/gpu"] == spec["nprocPerNode"]
+    # What the operator makes of the GPU request: one rank per GPU, requests = limits, the
+    # GPU taint tolerated, a /dev/shm sized for the ranks (issue 19's GPU-ready workers).
+    gpus = spec["resources"]["limits"]["nvidia.com/gpu"]
+    pod = render_worker_pod(TrainingJob.model_validate(doc), 0, 0)
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PET_NPROC_PER_NODE"] == str(gpus)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == gpus
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+    assert {"name": "elastrain-shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{gpus}Gi"}} \
+        in pod["spec"]["volumes"]
     selector = template["nodeSelector"]
     assert {"eks.amazonaws.com/capacityType": "SPOT"}.items() <= selector.items() or \
         {"cloud.google.com/gke-spot": "true"}.items() <= selector.items()
-    assert any(t["key"] == "nvidia.com/gpu" for t in template["tolerations"])
     (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
     assert account["metadata"]["name"] == template["serviceAccountName"]
     identity = {"eks": "eks.amazonaws.com/role-arn", "gke": "iam.gke.io/gcp-service-account"}
