@@ -1,0 +1,92 @@
+"""No-notice detection on the job's store (docs/recovery.md section 8): a thread per node.
+
+Every `interval_s` it bumps this node's counter, reads the counters of the nodes it watches and
+judges them with `membership.Liveness` on its own clock (a counter that has not moved for
+`timeout_s` is dead: 5 s by default, `spec.recovery.heartbeatTimeoutSeconds`; beats every
+timeout/5, so one late beat on a loaded node does not evict it). A dead peer marks the current
+generation failed (`gen/<g>/failed`), which is what every other node's thread watches.
+
+The thread has its own store client (a TCPStore client is one socket) and never touches the
+process group: a closed socket already fails gloo collectives at once (a killed process), and
+the collective timeout (regroup.INPROCESS_COLLECTIVE_TIMEOUT) bounds the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from elastrain_trainer.inprocess.membership import Liveness
+from elastrain_trainer.inprocess.store import MembershipStore
+
+DEFAULT_TIMEOUT_S = 5.0
+MIN_TIMEOUT_S = 2.0
+
+
+class Heartbeat:
+    def __init__(self, connect: Callable[[], MembershipStore], node_id: str, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if timeout_s < MIN_TIMEOUT_S:
+            raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
+        self._connect, self.node_id = connect, node_id
+        self.timeout_s, self.interval_s = timeout_s, timeout_s / 5
+        self._lock = threading.Lock()
+        self._gen, self._watched = 0, frozenset[str]()
+        self._liveness = Liveness(timeout_s)
+        self._failed_gen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="elastrain-heartbeat",
+                                        daemon=True)
+        self.errors = 0
+
+    def start(self) -> Heartbeat:
+        self._store = self._connect()
+        self._store.beat(self.node_id)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def watch(self, gen: int, nodes: Iterable[str]) -> None:
+        """Watch `nodes` (liveness restarts for nodes not watched before) in generation `gen`."""
+        with self._lock:
+            self._gen = gen
+            self._watched = frozenset(nodes) - {self.node_id}
+
+    def dead(self) -> frozenset[str]:
+        with self._lock:
+            return self._liveness.dead(time.monotonic()) & self._watched
+
+    def is_alive(self, node: str) -> bool:
+        with self._lock:
+            return node == self.node_id or self._liveness.is_alive(node, time.monotonic())
+
+    def generation_failed(self) -> bool:
+        with self._lock:
+            return self._failed_gen == self._gen > 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._tick()
+            except Exception:  # store lost: keep beating (section 7)
+                self.errors += 1
+
+    def _tick(self) -> None:
+        self._store.beat(self.node_id)
+        with self._lock:
+            gen, watched = self._gen, self._watched
+        counters = self._store.heartbeats(watched)
+        failed = gen > 0 and self._store.failed(gen)
+        now = time.monotonic()
+        with self._lock:
+            self._liveness.observe(counters, now)
+            dead = self._liveness.dead(now) & watched
+            if failed:
+                self._failed_gen = gen
+        if dead and gen > 0 and not failed:
+            self._store.mark_failed(gen, self.node_id, f"heartbeat: {sorted(dead)} silent "
+                                                       f"for {self.timeout_s} s")

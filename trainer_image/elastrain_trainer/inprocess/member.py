@@ -1,0 +1,280 @@
+"""One node's side of the protocol (docs/recovery.md section 3), at step boundaries.
+
+    member = Member(MemberConfig(...))
+    member.wait_alone()                       # a world of one until admitted: build DDP on it
+    model = DDP(net); optimizer = ...
+    plan = member.join()                      # admitted: in generation plan.gen at its rank
+    step = member.settle(model, optimizer, step=0, extras={})   # heal, re-wrap
+    while step < total:
+        try:
+            train(step, member.plan); step += 1
+            if member.boundary(step):          # a leave or join agreed by every rank
+                if member.change(step) is None: break          # this node left
+                step = member.settle(model, optimizer, step=step, extras=...)
+        except RuntimeError as e:              # a collective failed: a peer is gone
+            member.recover(step, e)
+            step = member.settle(model, optimizer, step=step, extras=...)
+
+The training loop owns the model, the optimizer and the committed step; this class owns the
+store, the heartbeat, the plan and the process group's generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import HashStore  # type: ignore[attr-defined]
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from elastrain_trainer.inprocess import regroup, rewrap, transfer
+from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
+from elastrain_trainer.inprocess.membership import (
+    Plan,
+    PlanConfig,
+    Requests,
+    plan_generation,
+    successor_order,
+)
+from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.parallel import Groups
+
+log = logging.getLogger(__name__)
+
+
+class PlanTimeoutError(RuntimeError):
+    """No plan came for the next generation in time (the coordinator and its successors gone)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberConfig:
+    node_id: str
+    store_host: str
+    store_port: int
+    run_id: str
+    plan: PlanConfig
+    expected: int                     # nodes the first generation waits for (spec.replicas)
+    heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
+    start_wait_s: float = 60.0        # the first generation starts with whoever came by then
+    plan_wait_s: float = 60.0
+
+
+@dataclasses.dataclass
+class Change:
+    """What the last generation change did here (for logs, /progress and the tests)."""
+
+    plan: Plan
+    healed_from: str | None = None
+    sent_to: list[str] = dataclasses.field(default_factory=list)
+    regroup_s: float = 0.0
+    heal_s: float = 0.0
+
+
+class Member:
+    def __init__(self, cfg: MemberConfig) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.node_id
+        self.store = self._connect()
+        self.heartbeat = Heartbeat(self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s)
+        self.plan: Plan | None = None
+        self.groups: Groups | None = None
+        self.last: Change | None = None
+        self.signalled = False
+        self._leave_sent = False
+
+    def _connect(self) -> MembershipStore:
+        return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
+
+    # -- entering ------------------------------------------------------------------------
+    def install_signal(self) -> None:
+        """A SIGTERM means "leave at the next step boundary" (the handler only sets a flag)."""
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "signalled", True))
+
+    def wait_alone(self) -> None:
+        """A private world of one, so the script can build its DDP before it is admitted."""
+        regroup.destroy()
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+
+    def join(self) -> Plan:
+        """Register, ask to join, and enter the first plan that includes this node. The first
+        node of a job coordinates the start generation (every node that came in time)."""
+        self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
+        self.heartbeat.start()
+        gen = self.store.generation()
+        self.store.request_join(self.node_id)
+        if gen == 0 and self.store.try_advance(0):
+            self._publish_start()
+        # `gen` is won before its plan is published, so the plan of the generation read may
+        # still name this node: look from there on.
+        gen = max(gen, 1)
+        while True:
+            plan = self._wait_plan(gen, None)
+            if self.node_id in plan.nodes:
+                self._enter(plan)
+                return plan
+            gen += 1
+
+    def _publish_start(self) -> None:
+        deadline = time.monotonic() + self.cfg.start_wait_s
+        while self.store.joins_after(0)[0] < self.cfg.expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pending = self.store.pending()
+        seq, joining = self.store.joins_after(0)
+        plan = plan_generation(None, Requests(step=0, joining=tuple(joining)), self.cfg.plan)
+        self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
+
+    def _wait_plan(self, gen: int, watched: Plan | None) -> Plan:
+        deadline = time.monotonic() + self.cfg.plan_wait_s
+        while time.monotonic() < deadline:
+            plan = self.store.wait_plan(gen, timeout_s=1.0)
+            if plan is not None:
+                return plan
+            if self.store.done():
+                raise SystemExit(0)  # training finished while this node waited
+        raise PlanTimeoutError(f"{self.node_id}: no plan for generation {gen} within "
+                               f"{self.cfg.plan_wait_s} s")
+
+    def release(self, model: nn.Module | None) -> None:
+        """Leave the current group and free it now (gloo closes its sockets only when the last
+        reference goes: DDP's Reducer holds one, the side groups are more)."""
+        if isinstance(model, DDP):
+            rewrap.release_ddp(model)
+        self.groups = None
+        regroup.destroy()
+        gc.collect()
+
+    def _enter(self, plan: Plan) -> None:
+        t0 = time.monotonic()
+        regroup.destroy()
+        rank = plan.rank_of(self.node_id)
+        assert rank is not None
+        self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
+                                              plan.world_size)
+        self.store.ack(plan.gen, self.node_id, plan.step)
+        self.heartbeat.watch(plan.gen, plan.nodes)
+        self.plan = plan
+        self.last = Change(plan, regroup_s=time.monotonic() - t0)
+
+    @property
+    def rank(self) -> int:
+        assert self.plan is not None
+        rank = self.plan.rank_of(self.node_id)
+        assert rank is not None
+        return rank
+
+    # -- after entering a generation: the same state everywhere -------------------------
+    def settle(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int,
+               extras: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Heal the nodes the plan names (point to point from their sources), then re-wrap
+        DDP at this world. Returns the step to train next and the extras (a healed node's are
+        its source's)."""
+        assert self.plan is not None and self.last is not None
+        t0 = time.monotonic()
+        plan = self.plan
+        for node, source in plan.heal.items():
+            if source == self.node_id:
+                transfer.send_state(model, optimizer, step=step, extras=extras,
+                                    dst=plan.nodes.index(node))
+                self.last.sent_to.append(node)
+            elif node == self.node_id:
+                got = transfer.recv_state(model, optimizer, src=plan.nodes.index(source))
+                step, extras = got.step, got.extras
+                self.last.healed_from = source
+        if step != plan.step:
+            raise RuntimeError(f"{self.node_id} is at step {step}, generation {plan.gen} at "
+                               f"{plan.step}, and the plan heals it from nobody")
+        if isinstance(model, DDP):
+            rewrap.rewrap_ddp(model, sync=plan.reason == "start")
+        self.last.heal_s = time.monotonic() - t0
+        return step, extras
+
+    # -- with notice -----------------------------------------------------------------------
+    def boundary(self, step: int, *others: bool) -> tuple[bool, ...]:
+        """The per-step agreement: (change, *others), each OR-ed over all ranks in one small
+        all-reduce. `change` when this node was signalled (it asks to leave first) or, on the
+        coordinator, when the store's `pending` counter moved since the plan."""
+        assert self.plan is not None
+        if self.signalled and not self._leave_sent:
+            self.store.request_leave(self.node_id, step)
+            self._leave_sent = True
+        change = self.signalled
+        if self.rank == 0:
+            change = change or self.store.pending() != self.plan.pending
+        flags = torch.tensor([change, *others], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in flags.tolist())
+
+    def change(self, step: int) -> Plan | None:
+        """Every rank, after boundary() agreed on a change: the coordinator plans the next
+        generation; every node enters it, or leaves (returns None) when it is not in it."""
+        assert self.plan is not None
+        old = self.plan
+        if self.rank == 0:
+            pending = self.store.pending()
+            seq, joining = self.store.joins_after(old.join_seq)
+            req = Requests(step=step, leaving=self.store.leaving(old.nodes),
+                           joining=tuple(joining))
+            self._advance(old, req, pending, seq)
+        return self._follow(old)
+
+    def _advance(self, old: Plan, req: Requests, pending: int, seq: int) -> None:
+        if not self.store.try_advance(old.gen):
+            return  # another would-be coordinator won; its plan is the one to follow
+        plan = plan_generation(old, req, self.cfg.plan)
+        self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
+        if old.gen >= 2:
+            self.store.forget(old.gen - 1, old.nodes)
+
+    def _follow(self, old: Plan) -> Plan | None:
+        plan = self._wait_plan(old.gen + 1, old)
+        if self.node_id not in plan.nodes:
+            regroup.destroy()
+            self.plan = None
+            self.heartbeat.stop()
+            return None
+        self._enter(plan)
+        return plan
+
+    # -- without notice --------------------------------------------------------------------
+    def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:
+        """A collective of this generation failed (a peer is gone). Tear the group down at
+        once, releasing `model`'s hold on it, so its sockets close and the other survivors'
+        pending collectives fail too; report the committed step, and follow the plan the first
+        live node in plan order makes once every node has reported or been judged dead by its
+        heartbeat.
+
+        Call it outside the `except` block that caught the failure: while the exception's
+        traceback lives, the failed step's frames keep the group (and its sockets) alive, and a
+        survivor blocked on this node waits for its collective timeout instead."""
+        assert self.plan is not None
+        old = self.plan
+        self.store.mark_failed(old.gen, self.node_id, error)
+        self.release(model)
+        self.store.report(old.gen, self.node_id, step)
+        while not self.store.has_plan(old.gen + 1):
+            dead = self.heartbeat.dead()
+            reports = self.store.reports(old.gen, old.nodes)
+            waiting = [n for n in old.nodes if n not in reports and n not in dead]
+            order = successor_order(old, dead)
+            if not waiting and order and order[0] == self.node_id:
+                pending = self.store.pending()
+                seq, joining = self.store.joins_after(old.join_seq)
+                req = Requests(step=max(reports.values()), dead=frozenset(old.nodes) - set(reports),
+                               leaving=self.store.leaving(old.nodes), joining=tuple(joining),
+                               steps=reports)
+                self._advance(old, req, pending, seq)
+            time.sleep(0.02)
+        return self._follow(old)
+
+    def finish(self, step: int) -> None:
+        """Training done: the coordinator tells waiting nodes; everyone stops beating."""
+        if self.plan is not None and self.rank == 0:
+            self.store.finish(step)
+        self.heartbeat.stop()

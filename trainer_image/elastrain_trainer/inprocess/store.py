@@ -1,0 +1,139 @@
+"""The job's store as the membership protocol sees it: one adapter over a TCPStore client.
+
+Every key is membership's, under `elastrain/<run_id>/`. A TCPStore client is one socket, so a
+thread that needs the store (the heartbeat) opens its own `MembershipStore` with `connect`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+
+from elastrain_trainer.inprocess import membership as m
+from elastrain_trainer.inprocess.membership import Plan
+
+# One wait on the store; callers loop and re-check liveness and `done` between waits.
+WAIT = timedelta(seconds=30)
+
+
+class MembershipStore:
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.raw = store
+        self.run_id = run_id
+        self.kv = PrefixStore(m.store_prefix(run_id), store)
+
+    @classmethod
+    def connect(cls, host: str, port: int, run_id: str,
+                timeout: timedelta = timedelta(seconds=60)) -> MembershipStore:
+        client = TCPStore(host, port, is_master=False, timeout=timeout,
+                               use_libuv=True)
+        return cls(client, run_id)
+
+    # -- registration and heartbeat ------------------------------------------------------
+    def register(self, node_id: str, info: dict[str, Any]) -> None:
+        self.kv.set(m.node_key(node_id), json.dumps(info))
+
+    def beat(self, node_id: str) -> int:
+        return int(self.kv.add(m.heartbeat_key(node_id), 1))
+
+    def heartbeats(self, nodes: Iterable[str]) -> dict[str, int | None]:
+        """Each node's counter (add 0 reads it; a node that never beat reads 0)."""
+        return {n: int(self.kv.add(m.heartbeat_key(n), 0)) for n in nodes}
+
+    # -- change requests -----------------------------------------------------------------
+    def pending(self) -> int:
+        return int(self.kv.add(m.PENDING_KEY, 0))
+
+    def request_leave(self, node_id: str, step: int) -> None:
+        self.kv.set(m.leave_key(node_id), json.dumps({"step": step}))
+        self.kv.add(m.PENDING_KEY, 1)
+
+    def leaving(self, nodes: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for n in nodes if self.kv.check([m.leave_key(n)]))
+
+    def request_join(self, node_id: str) -> int:
+        """Number this node's join request, then announce it (written before the bump, so a
+        coordinator that sees the new `pending` finds the request)."""
+        seq = int(self.kv.add(m.JOIN_SEQ_KEY, 1))
+        self.kv.set(m.join_key(seq), node_id)
+        self.kv.add(m.PENDING_KEY, 1)
+        return seq
+
+    def joins_after(self, seq: int) -> tuple[int, list[str]]:
+        """Join requests numbered above `seq`, and the newest number."""
+        last = int(self.kv.add(m.JOIN_SEQ_KEY, 0))
+        nodes = [self.kv.get(m.join_key(i)).decode() for i in range(seq + 1, last + 1)]
+        return last, nodes
+
+    # -- generations ---------------------------------------------------------------------
+    def generation(self) -> int:
+        return int(self.kv.get(m.GEN_KEY)) if self.kv.check([m.GEN_KEY]) else 0
+
+    def try_advance(self, gen: int) -> bool:
+        """Win generation gen + 1 (compare_set: exactly one would-be coordinator wins)."""
+        expected = str(gen) if gen > 0 else ""
+        got = self.kv.compare_set(m.GEN_KEY, expected, str(gen + 1))
+        return bytes(got).decode() == str(gen + 1)
+
+    def publish(self, plan: Plan) -> None:
+        self.kv.set(m.plan_key(plan.gen), plan.to_json())
+
+    def has_plan(self, gen: int) -> bool:
+        return self.kv.check([m.plan_key(gen)])
+
+    def read_plan(self, gen: int) -> Plan:
+        return Plan.from_json(self.kv.get(m.plan_key(gen)))
+
+    def wait_plan(self, gen: int, timeout_s: float) -> Plan | None:
+        """The plan of `gen`, polled (a store wait cannot be interrupted to re-check peers)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.has_plan(gen):
+                return self.read_plan(gen)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+
+    def ack(self, gen: int, node_id: str, step: int) -> None:
+        self.kv.set(m.ack_key(gen, node_id), json.dumps({"step": step}))
+
+    def report(self, gen: int, node_id: str, step: int) -> None:
+        self.kv.set(m.report_key(gen, node_id), json.dumps({"step": step}))
+
+    def reports(self, gen: int, nodes: Iterable[str]) -> dict[str, int]:
+        out = {}
+        for n in nodes:
+            if self.kv.check([m.report_key(gen, n)]):
+                out[n] = int(json.loads(self.kv.get(m.report_key(gen, n)))["step"])
+        return out
+
+    def mark_failed(self, gen: int, node_id: str, error: str) -> None:
+        """The first writer wins; later ones leave its record."""
+        record = json.dumps({"node_id": node_id, "error": error[:300]})
+        self.kv.compare_set(m.failed_key(gen), "", record)
+
+    def failed(self, gen: int) -> bool:
+        return self.kv.check([m.failed_key(gen)])
+
+    def pg_store(self, gen: int) -> Store:
+        return PrefixStore(m.pg_prefix(gen), self.kv)
+
+    def finish(self, step: int) -> None:
+        self.kv.set(m.DONE_KEY, json.dumps({"step": step}))
+
+    def done(self) -> bool:
+        return self.kv.check([m.DONE_KEY])
+
+    def forget(self, gen: int, nodes: Iterable[str]) -> None:
+        """Best effort: generation `gen`'s keys (the coordinator calls it two generations on)."""
+        keys = [m.plan_key(gen), m.failed_key(gen)]
+        keys += [k for n in nodes for k in (m.ack_key(gen, n), m.report_key(gen, n))]
+        for key in keys:
+            with contextlib.suppress(RuntimeError):
+                self.kv.delete_key(key)
