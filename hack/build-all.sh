@@ -2,16 +2,18 @@
 # Builds (or finds in the cache) every test server: helm, etcd, MinIO, then the Kubernetes
 # components, one after another: each Go build already uses both cores (go build -p 2), so running
 # two at once would only add memory pressure. Prints how long each step took.
-# Usage: hack/build-all.sh [helm|etcd|minio|k8s|node|coredns ...]
-#   default: helm etcd minio k8s (the control plane); node (kubelet, kube-proxy) and coredns are
-#   the real-node tier's (hack/node), built on demand by its fixture or `make cluster-up TIER=node`.
+# Usage: hack/build-all.sh [helm|etcd|minio|k8s|node|coredns|kube-router ...]
+#   default: helm etcd minio k8s (the control plane); node (kubelet, kube-proxy), coredns and
+#   kube-router (the NetworkPolicy enforcer) are the real-node tier's (hack/node), built on demand
+#   by its fixture or `make cluster-up TIER=node`.
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$HACK/lib.sh"
 
 declare -A SCRIPT=([helm]=get-helm.sh [etcd]=build-etcd.sh [minio]=build-minio.sh [k8s]=build-k8s.sh
-                   [node]=build-k8s.sh [coredns]=build-coredns.sh)
+                   [node]=build-k8s.sh [coredns]=build-coredns.sh
+                   [kube-router]=build-kube-router.sh)
 # build-k8s.sh builds the programs K8S_PROGRAMS names (default: the control plane's).
 declare -A PROGRAMS=([node]="kubelet kube-proxy")
 steps=("$@")

@@ -63,7 +63,7 @@ Images = Mapping[str, tuple[str, Path]]  # name -> (image ref, docker-archive)
 
 DEFAULT_DIR = Path(os.environ.get("ELASTRAIN_CLUSTER_DIR", "/tmp/elastrain-cluster"))
 FAKE_NODES = ("node-a",)
-STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "containerd", "kube-scheduler",
+STOP_ORDER = ("kube-router", "coredns", "kube-proxy", "kubelet", "containerd", "kube-scheduler",
               "kube-controller-manager", "kube-apiserver", "etcd", "minio")
 TIERS = ("none", "a", "a+", "node")
 # What `up --tier node` loads into the node's containerd when the caller names no images.
@@ -101,6 +101,7 @@ def find_binaries(versions: dict[str, str] | None = None) -> Binaries:
         kubelet=k8s / "kubelet",
         kube_proxy=k8s / "kube-proxy",
         coredns=root / f"coredns-v{v['COREDNS_VERSION']}" / "bin" / "coredns",
+        kube_router=root / f"kube-router-v{v['KUBE_ROUTER_VERSION']}" / "bin" / "kube-router",
     )
 
 
@@ -171,7 +172,7 @@ def _up(state: State, binaries: Binaries, *, s3: bool, die_with_parent: bool,
         wait_for_default_service_account(state)
     if state.tier == "node":
         node_binaries = NodeBinaries(kubelet=binaries.kubelet, kube_proxy=binaries.kube_proxy,
-                                     coredns=binaries.coredns)
+                                     coredns=binaries.coredns, kube_router=binaries.kube_router)
         start_node(state, node_binaries, cache=cache_root(), images=images or {},
                    die_with_parent=die_with_parent)
     if s3:

@@ -47,6 +47,7 @@ class Binaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    kube_router: Path
 
     def needed(self, tier: str, s3: bool) -> list[tuple[str, Path]]:
         """(build-all.sh component, binary) pairs that `up` with these options runs."""
@@ -57,7 +58,7 @@ class Binaries:
             wanted += [("k8s", self.kube_controller_manager), ("k8s", self.kube_scheduler)]
         if tier == "node":
             wanted += [("node", self.kubelet), ("node", self.kube_proxy),
-                       ("coredns", self.coredns)]
+                       ("coredns", self.coredns), ("kube-router", self.kube_router)]
         if s3:
             wanted.append(("minio", self.minio))
         return wanted

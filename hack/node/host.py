@@ -6,6 +6,9 @@ What the node changes on the host, and how `cleanup_host` undoes it (note, pitfa
 - iptables: our FIREWALL_CHAIN in FORWARD (pod traffic stays on the bridge) and kube-proxy's and
   the kubelet's KUBE-* chains, v4 and v6 (`kube-proxy --cleanup` misses KUBE-FIREWALL);
 - net.ipv4.ip_forward: the CNI bridge plugin and Services need it on; restored to its old value;
+- net.bridge.bridge-nf-call-iptables: on, so kube-router's rules see pod-to-pod frames on the
+  bridge; restored to its old value;
+- kube-router's ipsets (KUBE-SRC-*, KUBE-DST-*), destroyed after the rules that use them;
 - mounts under RUN_DIR (pod volumes, container rootfs, sandbox shm) and /run/netns/cni-*;
 - cgroups: /kubepods in every hierarchy;
 - RUN_DIR itself, and /run/containerd when containerd 1.6's shims created it (fixed paths).
@@ -38,8 +41,10 @@ from hack.node.config import (
 # Debian package -> a program it installs; installed with apt-get when the program is missing.
 PACKAGES = {"containerd": "containerd", "runc": "runc",
             "containernetworking-plugins": "/usr/lib/cni/bridge", "iptables": "iptables",
-            "conntrack": "conntrack", "iproute2": "ip"}
+            "conntrack": "conntrack", "iproute2": "ip", "ipset": "ipset"}
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+IPSET_PREFIXES = ("KUBE-", "kube-router")  # kube-router's; nothing else here makes ipsets
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/run/netns")
 CONTAINERD_FIXED_DIR = Path("/run/containerd")
@@ -111,6 +116,19 @@ def read_ip_forward() -> str:
 
 def write_ip_forward(value: str) -> None:
     IP_FORWARD.write_text(value + "\n")
+
+
+def read_bridge_netfilter() -> str:
+    """"" when the kernel has no br_netfilter: bridged pod traffic then never meets iptables,
+    and kube-router could not enforce anything between pods (start_node fails on it)."""
+    return BRIDGE_NF.read_text().strip() if BRIDGE_NF.exists() else ""
+
+
+def write_bridge_netfilter(value: str) -> None:
+    if not BRIDGE_NF.exists():
+        raise ClusterError(f"{BRIDGE_NF} is missing: this kernel has no br_netfilter, so no "
+                           "NetworkPolicy enforcer can see pod-to-pod traffic on the bridge")
+    BRIDGE_NF.write_text(value + "\n")
 
 
 def create_bridge() -> None:
@@ -191,6 +209,15 @@ def _unquote(rule: list[str]) -> list[str]:
     return out
 
 
+def remove_ipsets() -> None:
+    """kube-router's ipsets; they can go only once no iptables rule refers to them."""
+    if not shutil.which("ipset"):
+        return
+    for name in run("ipset", "list", "-n", check=False).stdout.split():
+        if name.startswith(IPSET_PREFIXES):
+            run("ipset", "destroy", name, check=False)
+
+
 def iptables_snapshot() -> str:
     """Rules and chains without counters, v4 and v6: what a test compares before and after a
     node. A table holding nothing but ACCEPT policies is left out: merely listing a table
@@ -250,15 +277,19 @@ def remove_kubepods_cgroups() -> None:
                 path.rmdir()
 
 
-def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool) -> None:
+def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool,
+                 bridge_nf_before: str | None = None) -> None:
     """Everything the module docstring lists, in an order that works with processes gone."""
     remove_iptables_chains()
+    remove_ipsets()
     remove_netns()
     unmount_under(RUN_DIR)
     delete_bridge()
     remove_kubepods_cgroups()
     if ip_forward_before is not None:
         write_ip_forward(ip_forward_before)
+    if bridge_nf_before:
+        write_bridge_netfilter(bridge_nf_before)
     shutil.rmtree(RUN_DIR, ignore_errors=True)
     if not containerd_dir_existed:
         unmount_under(CONTAINERD_FIXED_DIR)

@@ -1,4 +1,5 @@
-"""The node's processes: containerd, kubelet, kube-proxy and CoreDNS; their certificates,
+"""The node's processes: containerd, kubelet, kube-proxy, CoreDNS and kube-router's NetworkPolicy
+firewall; their certificates,
 kubeconfigs and readiness; and loading the project's images into containerd (no registry).
 
 Each process starts through hack.cluster_state.spawn and is recorded in the cluster's state.json
@@ -44,6 +45,7 @@ class NodeBinaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    kube_router: Path
 
 
 def _spawn(state: State, name: str, argv: list[str], *, die_with_parent: bool) -> tuple[
@@ -211,6 +213,30 @@ def start_coredns(state: State, paths: NodePaths, binaries: NodeBinaries, *,
                         die_with_parent=die_with_parent)
     wait_until("CoreDNS", lambda: healthz(f"http://127.0.0.1:{ready}/ready"), popen, log,
                timeout=60)
+
+
+# ------------------------------------------------------------------------ NetworkPolicy enforcer
+
+
+def start_kube_router(state: State, binaries: NodeBinaries, *, die_with_parent: bool) -> None:
+    """kube-router with only its NetworkPolicy firewall controller: pod networking stays the CNI
+    bridge's and Services stay kube-proxy's. Why kube-router: it enforces NetworkPolicy with
+    iptables and ipsets on whatever bridge the pods use, as one Go binary built from the module
+    proxy (hack/build-kube-router.sh); Calico and Cilium want their own CNI plugin and dataplane
+    (Cilium: eBPF and a kernel toolchain), kube-network-policies (sigs.k8s.io) needs nfqueue
+    and is younger. It reads pods, namespaces and NetworkPolicies with the admin's kubeconfig
+    (as CoreDNS does), filters bridged traffic (br_netfilter: host.enable_bridge_netfilter) and
+    accepts what comes from the node itself, so kubelet probes pass (render.network says so).
+    Its chains (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*) go with the KUBE-* ones at
+    teardown, its ipsets after them (host.remove_ipsets)."""
+    health = free_port()
+    argv = [str(binaries.kube_router), "--run-firewall=true", "--run-router=false",
+            "--run-service-proxy=false", f"--kubeconfig={state.kubeconfig}",
+            f"--hostname-override={NODE_NAME}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--health-port={health}", "--metrics-port=0", "--v=1"]
+    log, popen = _spawn(state, "kube-router", argv, die_with_parent=die_with_parent)
+    wait_until("kube-router", lambda: healthz(f"http://127.0.0.1:{health}/healthz"), popen, log,
+               timeout=90)
 
 
 # --------------------------------------------------------------------------------------- teardown

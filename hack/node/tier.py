@@ -2,8 +2,8 @@
 
 Order up: lock -> packages -> bridge (everything pods reach binds its address) -> control plane
 on the bridge address -> containerd -> images -> kubelet (Ready, untainted) -> kube-proxy ->
-CoreDNS -> MinIO. Down, the reverse, with pods deleted while the kubelet still runs, then the host
-cleaned (hack/node/host.py says what that restores).
+CoreDNS -> kube-router (NetworkPolicy) -> MinIO. Down, the reverse, with pods deleted while the
+kubelet still runs, then the host cleaned (hack/node/host.py says what that restores).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from hack.node.servers import (
     start_containerd,
     start_coredns,
     start_kube_proxy,
+    start_kube_router,
     start_kubelet,
     stop_named,
     wait_for_no_tasks,
     write_node_kubeconfigs,
 )
 
-NODE_PROCS = ("coredns", "kube-proxy", "kubelet", "containerd")
+NODE_PROCS = ("kube-router", "coredns", "kube-proxy", "kubelet", "containerd")
 
 
 def node_paths(state: State, cache: Path) -> NodePaths:
@@ -54,6 +55,8 @@ def prepare_host(state: State) -> None:
     host.install_packages()
     state.node = {"ip_forward_before": state.node.get("ip_forward_before")
                   or host.read_ip_forward(),
+                  "bridge_nf_before": state.node.get("bridge_nf_before")
+                  or host.read_bridge_netfilter(),
                   "containerd_dir_existed": "1" if host.CONTAINERD_FIXED_DIR.exists() else "0"}
     state.save()
     host.write_owner(Path(state.dir), {})
@@ -61,11 +64,14 @@ def prepare_host(state: State) -> None:
     host.install_firewall()
     # Services (pod -> ClusterIP -> pod) are routed by the host (pitfall 8).
     host.write_ip_forward("1")
+    # Pod-to-pod frames on the bridge pass iptables, where kube-router enforces NetworkPolicy.
+    host.write_bridge_netfilter("1")
 
 
 def start_node(state: State, binaries: NodeBinaries, *, cache: Path,
                images: Mapping[str, tuple[str, Path]], die_with_parent: bool) -> None:
-    """After the control plane: containerd with the images loaded, kubelet, kube-proxy, CoreDNS.
+    """After the control plane: containerd with the images loaded, kubelet, kube-proxy, CoreDNS,
+    kube-router's firewall.
     `images`: name -> (ref, docker-archive); "pause" is the sandbox image."""
     if "pause" not in images:
         raise ClusterError("the real node needs the pause image")
@@ -79,6 +85,7 @@ def start_node(state: State, binaries: NodeBinaries, *, cache: Path,
     start_kube_proxy(state, paths, binaries, credentials["kube-proxy"],
                      die_with_parent=die_with_parent)
     start_coredns(state, paths, binaries, die_with_parent=die_with_parent)
+    start_kube_router(state, binaries, die_with_parent=die_with_parent)
     state.node["node_ip"] = NODE_IP
     state.node["containerd_socket"] = str(paths.containerd_socket)
     state.save()
@@ -104,7 +111,8 @@ def down_node(state: State, *, stop_control_plane: Callable[[], None] | None = N
     if kubelet_up and state.server:
         delete_all_pods(state)
         wait_for_no_tasks(paths)
-    stop_named(state, "coredns", "kube-proxy", "kubelet")
+    # kube-router first: stopped, it leaves its rules in place (cleaned with the host below).
+    stop_named(state, "kube-router", "coredns", "kube-proxy", "kubelet")
     if any(p.name == "containerd" and p.alive() for p in state.procs):
         remove_stale_containers(paths)
     stop_named(state, "containerd")
@@ -112,6 +120,7 @@ def down_node(state: State, *, stop_control_plane: Callable[[], None] | None = N
     if stop_control_plane is not None:
         stop_control_plane()
     host.cleanup_host(ip_forward_before=state.node.get("ip_forward_before"),
+                      bridge_nf_before=state.node.get("bridge_nf_before"),
                       containerd_dir_existed=state.node.get("containerd_dir_existed") == "1")
     state.node = {}
     state.save()
