@@ -3,8 +3,16 @@
 project's own images (hack/images). Every test here is marked `e2e`.
 
 - `node`: the cluster, started once per session (root; builds missing binaries and images);
-- `operator`: the Helm chart installed with the operator image, running as a pod;
-- `job_namespace`: a fresh namespace with the checkpoint credentials Secret.
+- `operator`: the Helm chart installed with the operator image, running as a pod, in namespaced
+  mode: it watches (and holds Roles in) only the session's pool of job namespaces;
+- `job_namespace`: a namespace of that pool, clean, with the checkpoint credentials Secret.
+
+The job namespaces enforce the `restricted` Pod Security level (the apiserver's own PodSecurity
+admission): every pod the operator or a test creates there must be hardened (`restricted_pod`
+in support.py builds the tests' own). A namespaced operator's namespaces are fixed at install
+time, so the pool is created before the install, named per session (a reused cluster or MinIO
+never hands a test another session's leftovers), and each namespace is emptied when a test
+gives it back; tests take them in turn, so the cleanup runs while other tests do.
 
 Without root this tier skips, except with CI=true, where it fails with the reason (nothing may
 skip in CI). ELASTRAIN_E2E_KEEP=1 leaves the cluster running after the session for a post-mortem
@@ -150,36 +158,48 @@ def helm(node: NodeCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def operator_values(node: NodeCluster) -> list[str]:
+def operator_values(node: NodeCluster, watch: tuple[str, ...] = ()) -> list[str]:
     repository, _, tag = node.images["operator"].rpartition(":")
     return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
             "--set", "image.pullPolicy=Never",
+            *[arg for ns in watch for arg in ("--set", f"operator.watchNamespaces.{ns}=true")],
             # Faster loops than production's, so recoveries are measured, not waited for.
             "--set-string", "operator.extraEnv.ELASTRAIN_TIMER_INTERVAL_SECONDS=2",
             "--set-string", "operator.extraEnv.ELASTRAIN_PROGRESS_INTERVAL_SECONDS=2"]
 
 
-def install_operator(node: NodeCluster) -> None:
+def install_operator(node: NodeCluster, watch: tuple[str, ...] = ()) -> None:
     """The chart installed as a user would: CRDs, then the release; the operator runs as a pod
-    with the chart's ServiceAccount, RBAC and restricted security context."""
+    with the chart's ServiceAccount, RBAC and restricted security context, watching `watch`
+    (which must exist: the chart puts a Role in each) or, when empty, every namespace."""
     k = node.kubectl
     k("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     k("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.elastrain.dev")
+    ensure_namespace(node, OPERATOR_NAMESPACE)
     helm(node, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
-         "--create-namespace", "--wait", "--timeout", "3m", *operator_values(node))
+         "--wait", "--timeout", "3m", *operator_values(node, watch))
 
 
-@pytest.fixture(scope="session")
-def operator(node: NodeCluster) -> Iterator[NodeCluster]:
-    install_operator(node)
-    yield node
-    helm(node, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait=false")
+# The Pod Security level the job namespaces (and the operator's) enforce.
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
+POOL_SIZE = 4  # the chaos module holds one throughout; the others rotate
+
+
+def ensure_namespace(node: NodeCluster, name: str) -> None:
+    """`name` exists and enforces the restricted Pod Security level."""
+    k = node.kubectl
+    if k("get", "namespace", name, check=False).returncode != 0:
+        k("create", "namespace", name)
+    k("label", "--overwrite", "namespace", name, *[f"{key}={v}" for key, v in RESTRICTED.items()])
 
 
 def create_job_namespace(node: NodeCluster, name: str) -> None:
-    """A namespace with the checkpoint credentials Secret the example job reads."""
+    """A restricted namespace with the checkpoint credentials Secret the example job reads.
+    The operator reconciles jobs only in the pool's namespaces (`job_namespace`); a namespace
+    made later serves pods of a test's own (another tenant, say)."""
     k = node.kubectl
-    k("create", "namespace", name)
+    ensure_namespace(node, name)
     wait_for(f"default ServiceAccount in {name}",
              lambda: k("get", "serviceaccount", "default", "-n", name, check=False)
              .returncode == 0, timeout=30)
@@ -188,13 +208,61 @@ def create_job_namespace(node: NodeCluster, name: str) -> None:
       f"--from-literal=AWS_SECRET_ACCESS_KEY={node.s3.secret_key}")
 
 
+class NamespacePool:
+    """The job namespaces the operator watches, handed out in turn, emptied when given back."""
+
+    def __init__(self, node: NodeCluster, names: tuple[str, ...]) -> None:
+        self.node, self.names = node, names
+        self._next, self._held = 0, set[str]()
+
+    def take(self) -> str:
+        free = [self.names[(self._next + i) % len(self.names)] for i in range(len(self.names))]
+        name = next((n for n in free if n not in self._held), None)
+        assert name is not None, f"all {len(self.names)} job namespaces are taken"
+        self._next = (self.names.index(name) + 1) % len(self.names)
+        self._held.add(name)
+        k = self.node.kubectl
+        wait_for(f"{name} emptied by the previous test", lambda: not k(
+            "get", "trainingjobs,pods", "-n", name, "-o", "name").stdout.strip(), timeout=180)
+        return name
+
+    def give_back(self, name: str) -> None:
+        """Deletes what a test left (without waiting: `take` does); keeps the Secret, the
+        default ServiceAccount and the chart's Role and RoleBinding."""
+        k = self.node.kubectl
+        k("delete", "trainingjobs", "--all", "-n", name, "--wait=false", check=False)
+        k("delete", "pods,services,networkpolicies,events", "--all", "-n", name,
+          "--wait=false", check=False)
+        k("delete", "configmaps,secrets", "-n", name, "--wait=false", "--field-selector",
+          f"metadata.name!=kube-root-ca.crt,metadata.name!={CREDENTIALS_SECRET}", check=False)
+        self._held.discard(name)
+
+
+@pytest.fixture(scope="session")
+def namespace_pool(node: NodeCluster) -> Iterator[NamespacePool]:
+    """The session's job namespaces, restricted, with the credentials Secret; deleted at the end."""
+    session = uuid.uuid4().hex[:4]
+    names = tuple(f"e2e-{session}-jobs-{i}" for i in range(POOL_SIZE))
+    for name in names:
+        create_job_namespace(node, name)
+    yield NamespacePool(node, names)
+    for name in names:
+        node.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def operator(node: NodeCluster, namespace_pool: NamespacePool) -> Iterator[NodeCluster]:
+    """The chart in namespaced mode, watching exactly the pool's namespaces."""
+    install_operator(node, watch=namespace_pool.names)
+    yield node
+    for name in namespace_pool.names:  # while the operator still runs to finish them
+        node.kubectl("delete", "trainingjobs", "--all", "-n", name, "--wait=false", check=False)
+    helm(node, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait=false")
+
+
 @pytest.fixture
-def job_namespace(operator: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace with the checkpoint credentials Secret; deleted afterwards."""
-    k = operator.kubectl
-    stem = request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    name = f"e2e-{stem}-{uuid.uuid4().hex[:4]}"
-    create_job_namespace(operator, name)
+def job_namespace(operator: NodeCluster, namespace_pool: NamespacePool) -> Iterator[str]:
+    """A clean watched namespace with the checkpoint credentials Secret; emptied afterwards."""
+    name = namespace_pool.take()
     yield name
-    k("delete", "trainingjobs", "--all", "-n", name, "--wait=false", check=False)
-    k("delete", "namespace", name, "--wait=false", check=False)
+    namespace_pool.give_back(name)

@@ -93,6 +93,29 @@ def make_job(name: str, namespace: str, *, image: str, s3_endpoint: str, bucket:
     return job
 
 
+# The restricted Pod Security level, as a container of a test's own pod meets it (the job
+# namespaces enforce it); 65532 is the user the project's images run as.
+RESTRICTED_POD_SECURITY: Manifest = {"runAsNonRoot": True, "runAsUser": 65532,
+                                     "runAsGroup": 65532,
+                                     "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER_SECURITY: Manifest = {"allowPrivilegeEscalation": False,
+                                           "capabilities": {"drop": ["ALL"]},
+                                           "runAsNonRoot": True, "runAsUser": 65532,
+                                           "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def restricted_pod(name: str, namespace: str, *, image: str, command: list[str],
+                   labels: dict[str, str] | None = None, **spec: Any) -> Manifest:
+    """A test's own pod (a stand-in, a probe) that a restricted namespace admits."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "spec": {"restartPolicy": "Never", "securityContext": RESTRICTED_POD_SECURITY,
+                     "containers": [{"name": name, "image": image, "imagePullPolicy": "Never",
+                                     "command": command,
+                                     "securityContext": RESTRICTED_CONTAINER_SECURITY}],
+                     **spec}}
+
+
 # ------------------------------------------------------------------------------ trainer records
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import cluster
 from tests.e2e.conftest import ensure_node_binaries, require_root
-from tests.e2e.support import Kubectl, wait_for
+from tests.e2e.support import Kubectl, restricted_pod, wait_for
 
 
 def host_state() -> dict[str, Any]:
@@ -74,11 +74,8 @@ def test_node_runs_pods_keeps_traffic_inside_and_down_restores_the_host(
         assert [a["address"] for a in node["status"]["addresses"]
                 if a["type"] == "InternalIP"] == ["10.244.0.1"]
         assert not node["spec"].get("taints"), "the not-ready taint was never lifted"
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "probe", "namespace": "default"},
-               "spec": {"restartPolicy": "Never", "containers": [{
-                   "name": "probe", "image": images["operator"][0],
-                   "imagePullPolicy": "Never", "command": ["python3", "-c", PROBE]}]}}
+        pod = restricted_pod("probe", "default", image=images["operator"][0],
+                             command=["python3", "-c", PROBE])
         k("apply", "-f", "-", input_text=json.dumps(pod))
         wait_for("the probe pod to finish", lambda: k(
             "get", "pod", "probe", "-o", "jsonpath={.status.phase}").stdout in

@@ -14,14 +14,13 @@ import json
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import OPERATOR_NAMESPACE, NodeCluster, create_job_namespace
+from tests.e2e.conftest import OPERATOR_NAMESPACE, NamespacePool, NodeCluster
 from tests.e2e.support import (
     ARTIFACTS,
     LogCollector,
@@ -55,10 +54,9 @@ class ChaosJob(Training):
 
 
 @pytest.fixture(scope="module")
-def training(operator: NodeCluster) -> Iterator[ChaosJob]:
+def training(operator: NodeCluster, namespace_pool: NamespacePool) -> Iterator[ChaosJob]:
     k = operator.kubectl
-    ns = f"e2e-chaos-{uuid.uuid4().hex[:4]}"
-    create_job_namespace(operator, ns)
+    ns = namespace_pool.take()  # held by this module's one job throughout
     k.apply(make_job(JOB, ns, image=operator.images["trainer"], steps=100_000,
                      s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
                      interval_steps=INTERVAL_STEPS))
@@ -66,8 +64,7 @@ def training(operator: NodeCluster) -> Iterator[ChaosJob]:
         t = ChaosJob(k, ns, JOB, logs)
         t.settle()
         yield t
-    k("delete", "trainingjob", JOB, "-n", ns, "--wait=false", check=False)
-    k("delete", "namespace", ns, "--wait=false", check=False)
+    namespace_pool.give_back(ns)
 
 
 def _preempt_and_check(t: ChaosJob, index: int, scenario: str) -> None:
