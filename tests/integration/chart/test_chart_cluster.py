@@ -69,6 +69,10 @@ def test_helm_install_on_the_real_apiserver(install_chart: Installer, monitoring
                                   "--set", f"fullnameOverride=et-{kube_namespace[-8:]}")
     assert "STATUS: deployed" in done.stdout
     assert "kubectl get trainingjobs" in done.stdout  # NOTES.txt rendered
+    # Trainers scraped, but no scraper named that the jobs' NetworkPolicies would let in.
+    scraped = (yaml.safe_load(values.read_text()) or {}).get("metrics", {}).get(
+        "trainerPodMonitor", {}).get("enabled", False)
+    assert ("networkPolicy.scrapers" in done.stdout) == scraped, done.stdout
     objects = json.loads(kubectl(monitoring_crds, "get", "deployment,serviceaccount",
                                  "-n", kube_namespace, "-o", "json").stdout)["items"]
     assert {o["kind"] for o in objects} >= {"Deployment", "ServiceAccount"}
