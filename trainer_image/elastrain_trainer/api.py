@@ -60,6 +60,8 @@ from elastrain_trainer.checkpoint.read_faults import CheckpointUnavailableError
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
+from elastrain_trainer.inprocess.config import read_inprocess_config
+from elastrain_trainer.inprocess.session import InProcessRuntime, find_ddp
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.signals import StopAgreement
@@ -69,6 +71,8 @@ __all__ = ["DistEnv", "FinalCheckpointError", "Session", "init_distributed", "ru
 # The session's own entry in the checkpoint (the step counter); users may not take this name.
 PROGRESS_KEY = "elastrain"
 _groups: Groups | None = None
+# ELASTRAIN_RECOVERY=inProcess (docs/recovery.md): this node's side of the protocol.
+_inprocess: InProcessRuntime | None = None
 
 
 class FinalCheckpointError(RuntimeError):
@@ -162,8 +166,16 @@ def init_distributed() -> DistEnv:
     """Join torchrun's process group (gloo on CPU, NCCL for CUDA tensors) unless the script
     already did; returns where this process sits (rank, world_size, local_rank, device).
     Outside torchrun it is a world of one."""
-    global _groups
+    global _groups, _inprocess
     denv = read_dist_env(os.environ)
+    inprocess = read_inprocess_config(os.environ)
+    if inprocess is not None:
+        # Alone until the Session joins the job (Session.__enter__): build DDP on this.
+        if _inprocess is None:
+            cfg = TrainerConfig.from_env(os.environ, [])
+            _inprocess = InProcessRuntime(inprocess, global_batch=cfg.global_batch_size,
+                                          micro_batch=cfg.micro_batch_size)
+        return _inprocess.env(denv)
     if not dist.is_initialized():
         _groups = _init_all(denv)
     elif _groups is None:
@@ -221,6 +233,8 @@ class Session:
         self._entered = False
         self._resumed: int | None = None
         self._server: Any = None
+        self._objects = objects
+        self._left = False
 
     # -- what the loop reads ------------------------------------------------------------
     @property
@@ -247,19 +261,27 @@ class Session:
     def __enter__(self) -> Session:
         cfg = self.config
         self.denv = init_distributed()
+        joined_live = _inprocess is not None and self._join()
         assert _groups is not None
         self._groups = _groups
         metrics.record_start(cfg.steps, self.denv.world_size, self.denv.restart_count)
         self._server = self._serve_metrics()
-        ensure_checkpoint_location(cfg, self.denv.local_rank, self._groups.control,
-                                   serving=self._server is not None)
-        self._stop = StopAgreement().install()
+        if not joined_live:  # a collective: a live job's members checked it long ago
+            ensure_checkpoint_location(cfg, self.denv.local_rank, self._groups.control,
+                                       serving=self._server is not None)
+        # In-process mode: a SIGTERM is a leave, handled by the member (not a stop).
+        self._stop = StopAgreement() if _inprocess is not None else StopAgreement().install()
         self.manager = CheckpointManager(
             open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint), keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
             endpoint=cfg.checkpoint_endpoint, run=self.run_id,
             wait_seconds=cfg.checkpoint_wait_seconds)
-        self._resumed = self._resume()
+        if joined_live:
+            self._settle()  # the state, the step and the rest from a live peer
+        else:
+            self._resumed = self._resume()
+            if _inprocess is not None:
+                self._settle()  # the first generation: DDP at its world (rank 0's broadcast)
         self._started, self._train_s = time.monotonic(), 0.0
         self._entered = True
         return self
@@ -270,6 +292,10 @@ class Session:
             # A crash or a lost peer: no collective now (a peer may be gone); guard_main decides.
             self._close_server()
             return
+        if self._left:  # in-process: this node left a live job; the others train on
+            self.manager.close()
+            self._close_server()
+            raise SystemExit(0)
         if not self.stopped:
             self.manager.save(self._request(), blocking=True)
         self.manager.close()
@@ -286,6 +312,8 @@ class Session:
                      failed_saves=self.manager.failed_saves)
             if self.denv.local_rank == 0:
                 metrics.write_final_progress()
+            if _inprocess is not None:
+                _inprocess.member.finish(self.step)
         self._close_server()
         _destroy_process_groups()
         if self.stopped:
@@ -327,8 +355,16 @@ class Session:
         cfg = self.config
         time_due = cfg.checkpoint_interval_seconds > 0 and (
             since_save >= cfg.checkpoint_interval_seconds)
-        stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
-                                                         self.manager.in_flight())
+        if _inprocess is not None:
+            change, time_due, busy = _inprocess.member.boundary(self.step, time_due,
+                                                                self.manager.in_flight())
+            if change:
+                self._regroup()
+                return False
+            stopping = False
+        else:
+            stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
+                                                             self.manager.in_flight())
         if stopping:
             emit("stopping", rank=self.denv.rank, step=self.step, signalled=self._stop.signalled)
             self.manager.save(self._request(), blocking=True)
@@ -343,6 +379,49 @@ class Session:
             return False
         self.manager.save(self._request())
         return True
+
+    # -- in-process recovery (ELASTRAIN_RECOVERY=inProcess) --------------------------------
+    def _join(self) -> bool:
+        """Enter the job's current generation; True when it is a live job (not a start)."""
+        global _groups
+        assert _inprocess is not None
+        self._ddp, self._optimizer = find_ddp(self._objects)
+        plan = _inprocess.join()
+        _groups = _inprocess.member.groups
+        return plan.reason != "start"
+
+    def _settle(self) -> None:
+        assert _inprocess is not None
+        extras = {k: v for k, v in self.state.items()
+                  if not isinstance(v, (ModelState, OptimizerState))}
+        self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step, extras)
+        plan, last = _inprocess.member.plan, _inprocess.member.last
+        if plan is not None and plan.reason != "start":
+            # The next save re-reads the catalog on every member (a collective: rank 0's view),
+            # so a joiner, which never loaded one, takes part in the same collectives.
+            self.manager.catalog = None
+        if last is not None and last.healed_from is not None:
+            self._resumed = self.step
+        if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
+            assert plan is not None and last is not None
+            emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
+                 step=self.step, node=_inprocess.member.node_id, healed_from=last.healed_from,
+                 regroup_s=round(last.regroup_s, 4), heal_s=round(last.heal_s, 4))
+
+    def _regroup(self) -> None:
+        """A leave or a join agreed at this boundary: the next generation, in this process."""
+        global _groups
+        assert _inprocess is not None
+        self.manager.wait()  # a save never spans two generations
+        if _inprocess.member.change(self.step) is None:
+            emit("left", node=_inprocess.member.node_id, step=self.step)
+            self.stopped, self.exit_code, self._left = True, 0, True
+            return
+        groups = _inprocess.member.groups
+        assert groups is not None
+        _groups = self._groups = groups
+        self.manager.pg = self._groups.checkpoint
+        self._settle()
 
     def _record(self, duration: float) -> None:
         self._train_s += duration
@@ -436,7 +515,8 @@ class Session:
 def _destroy_process_groups() -> None:
     global _groups
     _groups = None
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run(main: Callable[[], object]) -> NoReturn:

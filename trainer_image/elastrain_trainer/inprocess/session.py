@@ -1,0 +1,110 @@
+"""What the Session needs of in-process recovery (api.py calls it; this never imports api).
+
+`init_distributed()` in in-process mode starts a node alone (a private world of one, so the
+script can build its DDP before it is admitted) and returns a `LiveDistEnv`, whose `rank` and
+`world_size` read the current generation: the README's loop, which reads `env.rank` inside the
+loop, runs unchanged. The Session then joins, and at each change settles (heal, re-wrap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from elastrain_trainer.inprocess import rewrap
+from elastrain_trainer.inprocess.config import InProcessConfig
+from elastrain_trainer.inprocess.member import Member, MemberConfig
+from elastrain_trainer.inprocess.membership import Plan, PlanConfig
+from elastrain_trainer.parallel import DistEnv
+
+
+class StatefulLike(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class LiveDistEnv(DistEnv):
+    """A DistEnv whose rank and world size are the current generation's (read them inside the
+    loop; a copy taken before it is the first generation's only)."""
+
+    _member: Member | None = None
+
+    @property  # type: ignore[override]
+    def rank(self) -> int:
+        m = type(self)._member
+        return m.rank if m is not None and m.plan is not None else int(self.__dict__["rank"])
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        self.__dict__["rank"] = value
+
+    @property  # type: ignore[override]
+    def world_size(self) -> int:
+        m = type(self)._member
+        if m is not None and m.plan is not None:
+            return m.plan.world_size
+        return int(self.__dict__["world_size"])
+
+    @world_size.setter
+    def world_size(self, value: int) -> None:
+        self.__dict__["world_size"] = value
+
+
+class InProcessRuntime:
+    def __init__(self, cfg: InProcessConfig, *, global_batch: int, micro_batch: int) -> None:
+        rewrap.check_supported()
+        self.cfg = cfg
+        self.member = Member(MemberConfig(
+            node_id=cfg.node_id, store_host=cfg.store_host, store_port=cfg.store_port,
+            run_id=cfg.run_id, expected=cfg.replicas,
+            plan=PlanConfig(global_batch, micro_batch, max_world=cfg.replicas,
+                            min_world=cfg.min_replicas),
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s))
+        self.member.wait_alone()
+
+    def env(self, base: DistEnv) -> LiveDistEnv:
+        live = LiveDistEnv(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+        LiveDistEnv._member = self.member
+        return live
+
+    def join(self) -> Plan:
+        self.member.install_signal()
+        plan = self.member.join()
+        self._export()
+        return plan
+
+    def settle(self, model: DDP, optimizer: torch.optim.Optimizer, step: int,
+               stateful: Mapping[str, StatefulLike]) -> int:
+        """Heal and re-wrap at the current generation; a healed node loads its source's
+        `stateful` objects (the Session's step, a scheduler, ...). Returns the step."""
+        extras = {name: obj.state_dict() for name, obj in stateful.items()}
+        step, got = self.member.settle(model, optimizer, step=step, extras=extras)
+        if self.member.last is not None and self.member.last.healed_from is not None:
+            for name, obj in stateful.items():
+                obj.load_state_dict(got[name])
+        self._export()
+        return step
+
+    def _export(self) -> None:
+        # Code that reads torchrun's variables sees the current generation too.
+        os.environ.update(RANK=str(self.member.rank),
+                          WORLD_SIZE=str(self.member.plan.world_size if self.member.plan
+                                         else 1))
+
+
+def find_ddp(objects: Mapping[str, object]) -> tuple[DDP, torch.optim.Optimizer]:
+    """The one DDP module and the one optimizer that in-process mode re-wraps and heals."""
+    modules = [o for o in objects.values() if isinstance(o, nn.Module)]
+    optimizers = [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
+    if len(modules) != 1 or not isinstance(modules[0], DDP) or len(optimizers) != 1:
+        raise ValueError("ELASTRAIN_RECOVERY=inProcess: Session(...) needs exactly one "
+                         "DistributedDataParallel module and one optimizer (FSDP2 and other "
+                         "shapes: not implemented yet, use recovery Restart)")
+    return modules[0], optimizers[0]
