@@ -9,6 +9,8 @@ What the node changes on the host, and how `cleanup_host` undoes it (note, pitfa
 - net.bridge.bridge-nf-call-iptables: on, so kube-router's rules see pod-to-pod frames on the
   bridge; restored to its old value;
 - kube-router's ipsets (KUBE-SRC-*, KUBE-DST-*), destroyed after the rules that use them;
+- a routing rule: what pods send to the Service range and no Service rewrote is unreachable
+  (install_service_rule says why); deleted at the end;
 - mounts under RUN_DIR (pod volumes, container rootfs, sandbox shm) and /run/netns/cni-*;
 - cgroups: /kubepods in every hierarchy;
 - RUN_DIR itself, and /run/containerd when containerd 1.6's shims created it (fixed paths).
@@ -26,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from hack.cluster_state import ClusterError
+from hack.cluster_state import SERVICE_CIDR, ClusterError
 from hack.debian import PackageError, ensure_packages
 from hack.node.config import (
     BRIDGE,
@@ -158,6 +160,27 @@ def install_firewall() -> None:
             run(tool, "-I", "FORWARD", "1", "-j", FIREWALL_CHAIN)
 
 
+SERVICE_RULE = ("iif", BRIDGE, "to", SERVICE_CIDR, "unreachable")
+
+
+def install_service_rule() -> None:
+    """Packets from pods to a ClusterIP that kube-proxy did not rewrite (a Service without
+    ready endpoints, such as the rendezvous store's while it starts) are answered "no route to
+    host" at once. kube-proxy REJECTs them in the filter table's FORWARD chain, but kube-router
+    ACCEPTs a policy-selected pod's traffic earlier in that chain (its jump is kept first), so
+    they followed the host's default route out of the machine instead: a worker's connect() to
+    the store hung until torch's 60 s timeout (seen: every first worker of a job lost its
+    rendezvous). torch retries "no route to host" like "connection refused". Rewritten packets
+    are routed by their new (pod) address, and the host's own traffic (no `iif`) is untouched."""
+    if "unreachable" not in run("ip", "rule", "show", "iif", BRIDGE, check=False).stdout:
+        run("ip", "rule", "add", *SERVICE_RULE)
+
+
+def remove_service_rule() -> None:
+    while run("ip", "rule", "del", *SERVICE_RULE, check=False).returncode == 0:
+        pass
+
+
 def _ours(chain: str) -> bool:
     return chain.startswith("KUBE-") or chain == FIREWALL_CHAIN
 
@@ -282,6 +305,7 @@ def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool,
     """Everything the module docstring lists, in an order that works with processes gone."""
     remove_iptables_chains()
     remove_ipsets()
+    remove_service_rule()
     remove_netns()
     unmount_under(RUN_DIR)
     delete_bridge()

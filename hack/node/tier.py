@@ -62,6 +62,7 @@ def prepare_host(state: State) -> None:
     host.write_owner(Path(state.dir), {})
     host.create_bridge()
     host.install_firewall()
+    host.install_service_rule()
     # Services (pod -> ClusterIP -> pod) are routed by the host (pitfall 8).
     host.write_ip_forward("1")
     # Pod-to-pod frames on the bridge pass iptables, where kube-router enforces NetworkPolicy.
