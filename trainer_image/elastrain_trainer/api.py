@@ -358,19 +358,22 @@ class Session:
         if _inprocess is not None:
             change, time_due, busy = _inprocess.member.boundary(self.step, time_due,
                                                                 self.manager.in_flight())
+            # A save due at this step runs on the old generation (the regroup waits for it).
+            saved = self._save_if_due(time_due, busy)
             if change:
                 self._regroup()
-                return False
-            stopping = False
-        else:
-            stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
-                                                             self.manager.in_flight())
+            return saved
+        stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
+                                                         self.manager.in_flight())
         if stopping:
             emit("stopping", rank=self.denv.rank, step=self.step, signalled=self._stop.signalled)
             self.manager.save(self._request(), blocking=True)
             self.stopped, self.exit_code = True, self._stop.exit_code()
             return False
-        if not should_checkpoint(self.step, cfg.checkpoint_interval_steps, time_due):
+        return self._save_if_due(time_due, busy)
+
+    def _save_if_due(self, time_due: bool, busy: bool) -> bool:
+        if not should_checkpoint(self.step, self.config.checkpoint_interval_steps, time_due):
             return False
         if busy:
             if self.denv.is_coordinator:

@@ -68,7 +68,7 @@ def run(cfg: TrainerConfig) -> int:
     t = build_objects(cfg, denv)
     dataset = build_dataset(cfg)
     validation = build_validation_dataset(cfg)
-    accum = cfg.accumulation_steps(denv.world_size)
+    accum = cfg.accumulation_steps(denv.world_size)  # refuses a bad world size before training
     tokens = cfg.global_batch_size * cfg.seq_len
     wandb_run = _maybe_wandb(cfg, denv)
     on_step = None if wandb_run is None else (lambda r: wandb_run.log(r, step=r["step"]))
@@ -78,6 +78,8 @@ def run(cfg: TrainerConfig) -> int:
     try:
         with session:
             for _ in session.steps():
+                # Read inside the loop: with in-process recovery the world changes between steps.
+                accum = cfg.accumulation_steps(denv.world_size)
                 result = train_step(t, cfg, denv, dataset, accum)
                 peak, measure = measure_peak(denv.device.type)
                 metrics.record_peak_memory(peak, measure)

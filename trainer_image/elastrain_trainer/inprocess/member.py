@@ -187,7 +187,8 @@ class Member:
                 got = transfer.recv_state(model, optimizer, src=plan.nodes.index(source))
                 step, extras = got.step, got.extras
                 self.last.healed_from = source
-        if step != plan.step:
+        # A start generation's step is the checkpoint's, loaded by every node alike.
+        if step != plan.step and plan.reason != "start":
             raise RuntimeError(f"{self.node_id} is at step {step}, generation {plan.gen} at "
                                f"{plan.step}, and the plan heals it from nobody")
         if isinstance(model, DDP):
