@@ -9,4 +9,6 @@ the state from a live peer.
     rewrap      DDP at the new world, in place
     heartbeat   a thread: this node's beat, watched peers' liveness, the generation's failure key
     member      one node's side of the protocol, tying the above together at step boundaries
+    config      ELASTRAIN_RECOVERY=inProcess and its settings, from the environment
+    session     what the Session API (api.py) needs: LiveDistEnv, join, settle
 """

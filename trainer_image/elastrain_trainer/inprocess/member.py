@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import signal
 import time
 from typing import Any
@@ -45,8 +44,6 @@ from elastrain_trainer.inprocess.membership import (
 )
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.parallel import Groups
-
-log = logging.getLogger(__name__)
 
 
 class PlanTimeoutError(RuntimeError):
@@ -115,7 +112,7 @@ class Member:
         # still name this node: look from there on.
         gen = max(gen, 1)
         while True:
-            plan = self._wait_plan(gen, None)
+            plan = self._wait_plan(gen)
             if self.node_id in plan.nodes:
                 self._enter(plan)
                 return plan
@@ -130,7 +127,7 @@ class Member:
         plan = plan_generation(None, Requests(step=0, joining=tuple(joining)), self.cfg.plan)
         self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
 
-    def _wait_plan(self, gen: int, watched: Plan | None) -> Plan:
+    def _wait_plan(self, gen: int) -> Plan:
         deadline = time.monotonic() + self.cfg.plan_wait_s
         while time.monotonic() < deadline:
             plan = self.store.wait_plan(gen, timeout_s=1.0)
@@ -234,7 +231,7 @@ class Member:
             self.store.forget(old.gen - 1, old.nodes)
 
     def _follow(self, old: Plan) -> Plan | None:
-        plan = self._wait_plan(old.gen + 1, old)
+        plan = self._wait_plan(old.gen + 1)
         if self.node_id not in plan.nodes:
             regroup.destroy()
             self.plan = None
