@@ -1,0 +1,128 @@
+"""The job's NetworkPolicy, enforced on the real node (kube-router's firewall, hack/node):
+a pod of another namespace, an unlabelled pod and a pod of another job in the job's namespace
+cannot reach the job's rendezvous store (through its Service or at its pod IP) nor a worker's
+metrics port, while each of them still reaches the node's MinIO (so the probe itself works);
+the job's own worker reaches the store, the operator still polls the workers' progress, the
+job survives an eviction and trains to completion.
+
+One job for all of it: starting torch workers costs a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlparse
+
+from tests.e2e.conftest import NodeCluster, ensure_namespace
+from tests.e2e.support import (
+    ARTIFACTS,
+    Kubectl,
+    LogCollector,
+    Training,
+    make_job,
+    restricted_pod,
+    wait_for,
+)
+
+JOB = "fenced"
+STEPS = 240  # outlasts the probes and an eviction (step ~60 then, on two busy cores)
+STORE_PORT = 29400  # spec.rendezvous.port's default
+METRICS_PORT = 9400  # spec.metricsPort's default
+# Tries each (host, port) once; prints {"host:port": "open" | the error's name}.
+PROBE = """
+import json, socket, sys
+out = {}
+for host, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        out[f"{host}:{port}"] = "open"
+    except OSError as err:
+        out[f"{host}:{port}"] = type(err).__name__
+print(json.dumps(out), flush=True)
+"""
+
+
+def probe_from(k: Kubectl, name: str, namespace: str, image: str,
+               targets: list[tuple[str, int]], labels: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    """Runs PROBE in a pod of its own (restricted, as the namespace demands); its verdicts."""
+    k.apply(restricted_pod(name, namespace, image=image, labels=labels,
+                           command=["python3", "-c", PROBE, json.dumps(targets)]))
+    wait_for(f"probe pod {namespace}/{name} to finish", lambda: k.json(
+        "get", "pod", name, "-n", namespace)["status"].get("phase") in ("Succeeded", "Failed"),
+        timeout=120)
+    out = k("logs", name, "-n", namespace).stdout.strip().splitlines()
+    k("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
+    return dict(json.loads(out[-1]))
+
+
+def pod_ip(k: Kubectl, namespace: str, name: str) -> str:
+    return str(k.json("get", "pod", name, "-n", namespace)["status"]["podIP"])
+
+
+def read_policy(k: Kubectl, namespace: str) -> dict[str, Any] | None:
+    done = k("get", "networkpolicy", f"{JOB}-network", "-n", namespace, "-o", "json",
+             check=False)
+    return dict(json.loads(done.stdout)) if done.returncode == 0 else None
+
+
+def progress_step(t: Training) -> int:
+    return int((t.status().get("progress") or {}).get("step", 0))
+
+
+def test_only_the_jobs_workers_reach_its_store_and_it_trains_through_an_eviction(
+        operator: NodeCluster, job_namespace: str) -> None:
+    k, ns = operator.kubectl, job_namespace
+    s3 = urlparse(operator.s3.endpoint_url)
+    job = make_job(JOB, ns, image=operator.images["trainer"], steps=STEPS, replicas=2,
+                   s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket)
+    k.apply(job)
+    with LogCollector(k, ns, Training.worker_selector(JOB),
+                      ARTIFACTS / "network-policy") as logs:
+        t = Training(k, ns, JOB, logs)
+        uid = k.json("get", "trainingjob", JOB, "-n", ns)["metadata"]["uid"]
+        policy = wait_for("the job's NetworkPolicy", lambda: read_policy(k, ns))
+        (owner,) = policy["metadata"]["ownerReferences"]
+        assert owner["uid"] == uid and owner["controller"] is True
+        t.settle(replicas=2)
+
+        store = f"{JOB}-rdzv"
+        worker = t.worker(0)
+        closed = [(f"{store}.{ns}.svc", STORE_PORT), (pod_ip(k, ns, store), STORE_PORT),
+                  (pod_ip(k, ns, worker), METRICS_PORT)]
+        targets = [*closed, (str(s3.hostname), int(s3.port or 80))]
+        control = f"{s3.hostname}:{s3.port or 80}"
+        other_ns = f"{ns}-other"
+        ensure_namespace(operator, other_ns)
+        wait_for(f"default ServiceAccount in {other_ns}", lambda: k(
+            "get", "serviceaccount", "default", "-n", other_ns, check=False).returncode == 0)
+        image = operator.images["operator"]  # python3, and nothing of the job's
+        strangers = {
+            "another namespace": probe_from(k, "stranger", other_ns, image, targets),
+            "an unlabelled pod": probe_from(k, "unlabelled", ns, image, targets),
+            "another job's worker": probe_from(
+                k, "other-job", ns, image, targets,
+                labels={"elastrain.dev/job-name": "other", "elastrain.dev/role": "worker"})}
+        k("delete", "namespace", other_ns, "--wait=false", check=False)
+        for who, verdicts in strangers.items():
+            assert verdicts[control] == "open", f"{who}: the probe reaches nothing: {verdicts}"
+            opened = [f"{h}:{p}" for h, p in closed if verdicts[f"{h}:{p}"] == "open"]
+            assert not opened, f"{who} reached {opened}: {verdicts}"
+
+        # The job's own worker reaches its store; the operator still reads the workers' progress.
+        reached = k("exec", worker, "-n", ns, "-c", "trainer", "--", "python3", "-c", PROBE,
+                    json.dumps(closed[:2])).stdout
+        assert set(json.loads(reached).values()) == {"open"}, reached
+        step = progress_step(t)
+        wait_for("the operator polling progress through the policy",
+                 lambda: progress_step(t) > step, timeout=60)
+
+        # An eviction still recovers: the replacement worker joins the store again.
+        preemptions = t.counters()[0]
+        at = t.evict(t.worker(1))
+        t.resumed_after(at)
+        wait_for("the preemption counted", lambda: t.counters()[0] == preemptions + 1)
+        wait_for("the job Succeeded", lambda: t.status().get("phase") == "Succeeded",
+                 timeout=600)
+        assert t.status()["progress"]["step"] == STEPS
