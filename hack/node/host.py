@@ -3,8 +3,9 @@ the machine-wide lock, and the cleanup that leaves the host as it was.
 
 What the node changes on the host, and how `cleanup_host` undoes it (note, pitfalls 6, 9, 11):
 - the bridge BRIDGE (created here, deleted at the end; CNI attaches pods' veths to it);
-- iptables: our FIREWALL_CHAIN in FORWARD (pod traffic stays on the bridge) and kube-proxy's and
-  the kubelet's KUBE-* chains, v4 and v6 (`kube-proxy --cleanup` misses KUBE-FIREWALL);
+- iptables: our FIREWALL_CHAIN in mangle's FORWARD (pod traffic stays on the bridge) and
+  kube-proxy's, kube-router's and the kubelet's KUBE-* chains, v4 and v6 (`kube-proxy --cleanup`
+  misses KUBE-FIREWALL);
 - net.ipv4.ip_forward: the CNI bridge plugin and Services need it on; restored to its old value;
 - net.bridge.bridge-nf-call-iptables: on, so kube-router's rules see pod-to-pod frames on the
   bridge; restored to its old value;
@@ -149,15 +150,18 @@ def delete_bridge() -> None:
 
 def install_firewall() -> None:
     """Pods talk to each other and to the host, nothing else: frames forwarded between the bridge
-    and any other interface are dropped, both ways."""
+    and any other interface are dropped, both ways. In the mangle table, which every forwarded
+    packet passes before the filter table: kube-router keeps its own jump first in filter's
+    FORWARD and ACCEPTs there what a NetworkPolicy allows, so a drop in filter came too late."""
     for tool in ("iptables", "ip6tables"):
-        if run(tool, "-n", "-L", FIREWALL_CHAIN, check=False).returncode != 0:
-            run(tool, "-N", FIREWALL_CHAIN)
-        run(tool, "-F", FIREWALL_CHAIN)
-        run(tool, "-A", FIREWALL_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
-        run(tool, "-A", FIREWALL_CHAIN, "!", "-i", BRIDGE, "-o", BRIDGE, "-j", "DROP")
-        if run(tool, "-C", "FORWARD", "-j", FIREWALL_CHAIN, check=False).returncode != 0:
-            run(tool, "-I", "FORWARD", "1", "-j", FIREWALL_CHAIN)
+        table = (tool, "-t", "mangle")
+        if run(*table, "-n", "-L", FIREWALL_CHAIN, check=False).returncode != 0:
+            run(*table, "-N", FIREWALL_CHAIN)
+        run(*table, "-F", FIREWALL_CHAIN)
+        run(*table, "-A", FIREWALL_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
+        run(*table, "-A", FIREWALL_CHAIN, "!", "-i", BRIDGE, "-o", BRIDGE, "-j", "DROP")
+        if run(*table, "-C", "FORWARD", "-j", FIREWALL_CHAIN, check=False).returncode != 0:
+            run(*table, "-I", "FORWARD", "1", "-j", FIREWALL_CHAIN)
 
 
 SERVICE_RULE = ("iif", BRIDGE, "to", SERVICE_CIDR, "unreachable")
