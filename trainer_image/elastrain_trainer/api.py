@@ -28,10 +28,17 @@ counted by the operator with its exception quoted, and a lost peer restarts in p
 
 Randomness is the script's: draw each step's batch from (seed, step) as the example does, and a
 resumed run trains exactly what an uninterrupted one would have.
+
+With ELASTRAIN_RECOVERY=inProcess (docs/recovery.md) the same loop survives a peer lost without
+notice: DDP's gradient all-reduce notes the loss instead of raising, the optimizer applies
+nothing, and `steps()` regroups and yields the same step again. A collective of the script's own
+inside the loop must be `api.all_reduce` for that (a plain `dist.all_reduce` raises out of the
+loop and the process ends as in restart mode).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -64,9 +71,10 @@ from elastrain_trainer.inprocess.config import read_inprocess_config
 from elastrain_trainer.inprocess.session import InProcessRuntime, find_ddp
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
-from elastrain_trainer.signals import StopAgreement
+from elastrain_trainer.signals import EXIT_RESTART, StopAgreement
 
-__all__ = ["DistEnv", "FinalCheckpointError", "Session", "init_distributed", "run"]
+__all__ = ["DistEnv", "FinalCheckpointError", "Session", "all_reduce", "init_distributed",
+           "run"]
 
 # The session's own entry in the checkpoint (the step counter); users may not take this name.
 PROGRESS_KEY = "elastrain"
@@ -189,6 +197,19 @@ def init_distributed() -> DistEnv:
     return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
+def all_reduce(tensor: torch.Tensor,
+               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
+    """`dist.all_reduce` on the default group, for a collective of the script's own inside a
+    step's body (a loss averaged over ranks). In in-process mode a peer lost here is noted, not
+    raised: the tensor is left as it is and the Session redoes the step at the next yield (a
+    plain `dist.all_reduce` would raise out of the script's loop and end the process as in
+    restart mode). In restart mode it is `dist.all_reduce`."""
+    if _inprocess is None:
+        dist.all_reduce(tensor, op=op)
+    else:
+        _inprocess.peer_loss.all_reduce(tensor, op)
+
+
 class StepCounter(Protocol):
     step: int
 
@@ -295,7 +316,7 @@ class Session:
         if self._left:  # in-process: this node left a live job; the others train on
             self.manager.close()
             self._close_server()
-            raise SystemExit(0)
+            raise SystemExit(self.exit_code)
         if not self.stopped:
             self.manager.save(self._request(), blocking=True)
         self.manager.close()
@@ -332,9 +353,21 @@ class Session:
         while self.step < self.total_steps and not self.stopped:
             self._loss, self._tokens, self._fields = None, 0, {}
             t0 = time.monotonic()
+            before = self._body_state() if _inprocess is not None else None
             yield self.step
+            lost = _inprocess.peer_loss if _inprocess is not None else None
+            if lost is not None and lost.error is not None and not lost.committed:
+                # A peer was lost during the body (DDP's all-reduce noted it, the optimizer
+                # applied nothing): undo what the body advanced, recover, redo this step.
+                assert before is not None
+                self._restore_body_state(before)
+                self._recover(lost.error, in_body=True)
+                continue
             self.progress.step += 1
             self._record(time.monotonic() - t0)
+            if lost is not None and lost.error is not None:  # after the optimizer step
+                self._recover(lost.error, in_body=True)
+                continue
             fault_injection.after_step(self.step, self.denv.rank, fresh=fresh)
             if self.config.step_sleep_seconds:
                 time.sleep(self.config.step_sleep_seconds)
@@ -356,8 +389,15 @@ class Session:
         time_due = cfg.checkpoint_interval_seconds > 0 and (
             since_save >= cfg.checkpoint_interval_seconds)
         if _inprocess is not None:
-            change, time_due, busy = _inprocess.member.boundary(self.step, time_due,
-                                                                self.manager.in_flight())
+            lost: str | None = None
+            try:
+                change, time_due, busy = _inprocess.member.boundary(self.step, time_due,
+                                                                    self.manager.in_flight())
+            except RuntimeError as e:  # a peer lost without notice: its sockets closed
+                lost = f"{type(e).__name__}: {e}"
+            if lost is not None:  # outside the `except`: its traceback holds the group
+                self._recover(lost, in_body=False)
+                return False
             # A save due at this step runs on the old generation (the regroup waits for it).
             saved = self._save_if_due(time_due, busy)
             if change:
@@ -425,6 +465,47 @@ class Session:
         _groups = self._groups = groups
         self.manager.pg = self._groups.checkpoint
         self._settle()
+
+    def _recover(self, error: str, *, in_body: bool) -> None:
+        """A peer lost without notice (docs/recovery.md section 8): leave this generation,
+        report the committed step (this one's, which the body did not commit, is redone) and
+        enter the next at the smaller world, healed from a peer that committed more."""
+        global _groups
+        assert _inprocess is not None
+        emit("peer_lost", node=_inprocess.member.node_id, step=self.step, in_body=in_body,
+             error=error[:500])
+        self.manager.wait()  # a save never spans two generations (it fails with the group)
+        _groups = None  # with DDP's, every reference to the failed groups goes
+        del self._groups
+        if _inprocess.recover(self._ddp, self.step, error) is None:
+            # The others went on without this node (judged dead): restart it, as today.
+            emit("dropped", node=_inprocess.member.node_id, step=self.step)
+            self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
+            return
+        groups = _inprocess.member.groups
+        assert groups is not None
+        _groups = self._groups = groups
+        self.manager.pg = groups.checkpoint
+        self._settle()
+
+    def _body_state(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """What a step's body may advance besides model and optimizer state: the Session's
+        other objects (a scheduler, the built-in trainer's progress) and the optimizer's
+        hyper-parameters (a scheduler writes the LR into them); small, copied per step."""
+        assert _inprocess is not None
+        _inprocess.peer_loss.committed = False
+        extras = {k: copy.deepcopy(v.state_dict()) for k, v in self.state.items()
+                  if not isinstance(v, (ModelState, OptimizerState))}
+        hyper = [{k: v for k, v in g.items() if k != "params"}
+                 for g in self._optimizer.param_groups]
+        return extras, copy.deepcopy(hyper)
+
+    def _restore_body_state(self, saved: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+        extras, hyper = saved
+        for k, sd in extras.items():
+            self.state[k].load_state_dict(sd)
+        for group, values in zip(self._optimizer.param_groups, hyper, strict=True):
+            group.update(values)
 
     def _record(self, duration: float) -> None:
         self._train_s += duration

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,13 +35,21 @@ def main() -> None:
     with Session(model=model, optimizer=optimizer, scheduler=scheduler) as session:
         record("entered", step=session.step, rank=env.rank, world=env.world_size,
                digest=state_digest(model, optimizer))
+        body_sleep = float(os.environ.get("TEST_BODY_SLEEP_SECONDS", "0"))
+        signal_at = {int(v): s for s, v in (("SIGKILL", os.environ.get("TEST_SIGKILL_AT")),
+                                            ("SIGTERM", os.environ.get("TEST_SIGTERM_AT")))
+                     if v is not None}
         for step in session.steps():
+            if step in signal_at:  # at the start of this step's body, where the peers are too
+                os.kill(os.getpid(), getattr(signal, signal_at.pop(step)))
+            time.sleep(body_sleep)  # a lost peer is then seen in backward(), not in steps()
             loss = train_step(model, optimizer, step, env.world_size, env.rank,
                               session.total_steps)
             scheduler.step()
             record("step", step=step + 1, rank=env.rank, world=env.world_size)
             session.report(loss=loss)
-    record("finished", step=session.step, digest=state_digest(model, optimizer))
+    record("finished", step=session.step, digest=state_digest(model, optimizer),
+           scheduler_epoch=scheduler.last_epoch)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,53 @@ def test_builtin_trainer_survivor_equals_a_restart_at_the_smaller_world(
     assert want.keys() == got.keys() and {"model", "optim", "trainer"} <= set(got)
     for part in want:
         assert_identical(want[part], got[part], part)
+
+
+def test_builtin_trainer_survivor_of_a_killed_peer_equals_a_restart_at_the_smaller_world(
+        job_store: Any, tmp_path: Path) -> None:
+    """The built-in trainer, 2 nodes, b SIGKILLed mid-run (no notice): a keeps its process,
+    notes the loss (in backward's or the loss's all-reduce, or in the step boundary: whichever
+    collective met it first), redoes the step in flight from its committed state at world 1,
+    and ends bit-identical to restart mode at world 2 then a fresh world-1 process resuming
+    from the checkpoint of the step a resumed at (<= 1 step lost)."""
+    a_root, b_root = tmp_path / "inprocess", tmp_path / "restart"
+    a_root.mkdir()
+    b_root.mkdir()
+    procs = {n: start(a_root, n, job_store.port, "builtin-kill", 2) for n in ("a", "b")}
+    try:
+        def stepped() -> int:
+            return max((r["step"] for n in procs for r in records(a_root / f"{n}.log")
+                        if r["event"] == "step"), default=0)
+        wait_for(lambda: stepped() >= 6, "step 6")
+        procs["b"].kill()
+        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    log_a = records(a_root / "a.log")
+    assert codes == {"a": 0, "b": -signal.SIGKILL}, (a_root / "a.log").read_text()[-3000:]
+    assert len([r for r in log_a if r["event"] in ("resumed", "fresh_start")]) == 1  # one start
+    lost = [r for r in log_a if r["event"] == "peer_lost"]
+    fail = [r for r in log_a if r["event"] == "regroup" and r["reason"] == "fail"]
+    assert len(lost) == 1 and len(fail) == 1 and fail[0]["world_size"] == 1, (lost, fail)
+    resumed = fail[0]["step"]
+    assert resumed == lost[0]["step"]  # nothing committed lost; the step in flight redone
+    print(f"peer lost at step {resumed} (in_body={lost[0]['in_body']}), regrouped at world 1 "
+          f"in {fail[0]['time'] - lost[0]['time']:.2f} s")
+    after = [(r["step"], r["world_size"]) for r in log_a
+             if r["event"] == "step" and r["time"] > fail[0]["time"]]
+    assert after == [(s, 1) for s in range(resumed + 1, STEPS + 1)], after
+
+    pair_root = tmp_path / "pair"
+    pair_root.mkdir()
+    assert restart_mode_pair(pair_root) == {"rank0": 0, "rank1": 0}, (
+        (pair_root / "rank0.log").read_text()[-3000:])
+    solo = start(b_root, "solo", job_store.port, "builtin-kill-ref", 1,
+                 RESUME_FROM=f"file://{pair_root}/ckpt/step-{resumed:08d}")
+    assert solo.wait(timeout=240) == 0, (b_root / "solo.log").read_text()[-3000:]
+    want = load_checkpoint(b_root / "ckpt", STEPS, tmp_path)
+    got = load_checkpoint(a_root / "ckpt", STEPS, tmp_path)
+    assert want.keys() == got.keys() and {"model", "optim", "trainer"} <= set(got)
+    for part in want:
+        assert_identical(want[part], got[part], part)

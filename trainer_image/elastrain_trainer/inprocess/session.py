@@ -21,6 +21,7 @@ from elastrain_trainer.inprocess import rewrap
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.member import Member, MemberConfig
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
+from elastrain_trainer.inprocess.peerloss import PeerLoss
 from elastrain_trainer.parallel import DistEnv
 
 
@@ -68,6 +69,7 @@ class InProcessRuntime:
                             min_world=cfg.min_replicas),
             heartbeat_timeout_s=cfg.heartbeat_timeout_s))
         self.member.wait_alone()
+        self.peer_loss = PeerLoss()
 
     def env(self, base: DistEnv) -> LiveDistEnv:
         live = LiveDistEnv(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
@@ -85,12 +87,25 @@ class InProcessRuntime:
         """Heal and re-wrap at the current generation; a healed node loads its source's
         `stateful` objects (the Session's step, a scheduler, ...). Returns the step."""
         extras = {name: obj.state_dict() for name, obj in stateful.items()}
+        PeerLoss.detach(model)
         step, got = self.member.settle(model, optimizer, step=step, extras=extras)
         if self.member.last is not None and self.member.last.healed_from is not None:
             for name, obj in stateful.items():
                 obj.load_state_dict(got[name])
+        self.peer_loss.clear()
+        self.peer_loss.attach(model, optimizer)
         self._export()
         return step
+
+    def recover(self, model: DDP, step: int, error: str) -> Plan | None:
+        """A peer was lost without notice: release this generation (DDP's hold on it
+        included), report the committed `step`, enter the next one (None: this node is not in
+        it). Call it outside the `except` block that caught the failure."""
+        PeerLoss.detach(model)
+        plan = self.member.recover(step, error, model=model)
+        if plan is not None:
+            self._export()
+        return plan
 
     def _export(self) -> None:
         # Code that reads torchrun's variables sees the current generation too.
