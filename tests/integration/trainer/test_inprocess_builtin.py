@@ -46,13 +46,13 @@ def records(log: Path) -> list[dict[str, Any]]:
 
 def base_env(root: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
-            **trainer_env(root, STEPS=str(STEPS), CHECKPOINT_INTERVAL_STEPS="1",
-                          CHECKPOINT_KEEP="100", CHECKPOINT_ASYNC="0", **extra)}
+            **trainer_env(root, **{"STEPS": str(STEPS), "CHECKPOINT_INTERVAL_STEPS": "1",
+                                   "CHECKPOINT_KEEP": "100", "CHECKPOINT_ASYNC": "0", **extra})}
 
 
 def start(root: Path, node: str, port: int, run: str, replicas: int,
           **extra: str) -> subprocess.Popen[bytes]:
-    env = {**base_env(root, STEP_SLEEP_SECONDS="0.1", **extra),
+    env = {**base_env(root, **{"STEP_SLEEP_SECONDS": "0.1", **extra}),
            "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{port}",
            "ELASTRAIN_NODE_ID": node, "ELASTRAIN_RUN_ID": run,
            "ELASTRAIN_REPLICAS": str(replicas), "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": "2"}
@@ -116,9 +116,16 @@ def test_builtin_trainer_survivor_equals_a_restart_at_the_smaller_world(
         assert_identical(want[part], got[part], part)
 
 
+# "boundary": the 0.1 s step sleep and a save per step (both in steps()) take most of a step;
+# "body": no sleep, no save until the last step, so the kill lands in the body and the survivor
+# meets it in backward's or the loss's all-reduce (each run prints which).
+@pytest.mark.parametrize("timing", [{}, {"STEP_SLEEP_SECONDS": "0",
+                                         "CHECKPOINT_INTERVAL_STEPS": "1000"}],
+                         ids=["boundary", "body"])
 def test_builtin_trainer_survivor_of_a_killed_peer_equals_a_restart_at_the_smaller_world(
-        job_store: Any, tmp_path: Path) -> None:
-    """The built-in trainer, 2 nodes, b SIGKILLed mid-run (no notice): a keeps its process,
+        job_store: Any, tmp_path: Path, timing: dict[str, str]) -> None:
+    """The built-in trainer, 2 nodes, b SIGKILLed mid-run (no notice): a keeps its process
+    (one Popen, no launcher that could restart it: its exit 0 after the regroup is the proof),
     notes the loss (in backward's or the loss's all-reduce, or in the step boundary: whichever
     collective met it first), redoes the step in flight from its committed state at world 1,
     and ends bit-identical to restart mode at world 2 then a fresh world-1 process resuming
@@ -126,7 +133,8 @@ def test_builtin_trainer_survivor_of_a_killed_peer_equals_a_restart_at_the_small
     a_root, b_root = tmp_path / "inprocess", tmp_path / "restart"
     a_root.mkdir()
     b_root.mkdir()
-    procs = {n: start(a_root, n, job_store.port, "builtin-kill", 2) for n in ("a", "b")}
+    procs = {n: start(a_root, n, job_store.port, "builtin-kill", 2, **timing)
+             for n in ("a", "b")}
     try:
         def stepped() -> int:
             return max((r["step"] for n in procs for r in records(a_root / f"{n}.log")
@@ -140,7 +148,6 @@ def test_builtin_trainer_survivor_of_a_killed_peer_equals_a_restart_at_the_small
                 p.kill()
     log_a = records(a_root / "a.log")
     assert codes == {"a": 0, "b": -signal.SIGKILL}, (a_root / "a.log").read_text()[-3000:]
-    assert len([r for r in log_a if r["event"] in ("resumed", "fresh_start")]) == 1  # one start
     lost = [r for r in log_a if r["event"] == "peer_lost"]
     fail = [r for r in log_a if r["event"] == "regroup" and r["reason"] == "fail"]
     assert len(lost) == 1 and len(fail) == 1 and fail[0]["world_size"] == 1, (lost, fail)
