@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.rendezvous import render_store_pod
