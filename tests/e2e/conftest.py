@@ -174,7 +174,12 @@ def install_operator(node: NodeCluster, watch: tuple[str, ...] = ()) -> None:
     (which must exist: the chart puts a Role in each) or, when empty, every namespace."""
     k = node.kubectl
     k("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    k("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.elastrain.dev")
+    # Polled, with room for a loaded machine: `kubectl wait` right after the apply failed in 2
+    # of 8 runs on this machine while other tests ran.
+    wait_for("the TrainingJob CRD Established", lambda: k(
+        "get", "crd/trainingjobs.elastrain.dev", "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        check=False).stdout.strip() == "True", timeout=180)
     ensure_namespace(node, OPERATOR_NAMESPACE)
     helm(node, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
          "--wait", "--timeout", "3m", *operator_values(node, watch))
