@@ -490,8 +490,10 @@ class FaultProxy:
         else:
             _copy_length(reader, framing, lambda _: None)
         method, target = head.start.split(" ")[:2]
-        conn.send_client(_slowdown(target, head_only=method == "HEAD"))
+        # Counted before the answer goes out: a client that got its 503 may read the stats at
+        # once (seen under load: 3 counted for 4 answers).
         self._count("slowdowns")
+        conn.send_client(_slowdown(target, head_only=method == "HEAD"))
 
     def _responses(self, conn: _Conn) -> None:
         """Upstream to client, one response at a time, each paired with its request."""
