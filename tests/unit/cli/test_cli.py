@@ -22,6 +22,22 @@ def test_validate_accepts_a_valid_job(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "TrainingJob ok is valid" in capsys.readouterr().out
 
 
+def test_validate_warns_about_settings_the_device_cannot_honour(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = make_job_manifest("gpu", nprocPerNode=8, resources={"limits": {"nvidia.com/gpu": 4}})
+    assert main(["validate", write(tmp_path, job)]) == 0  # a warning, not a refusal
+    out = capsys.readouterr()
+    assert "TrainingJob gpu is valid" in out.out
+    assert "warning: spec.nprocPerNode 8 is more than the pod's 4 GPU(s)" in out.err
+
+
+def test_validate_refuses_a_loosening_naming_the_level(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = make_job_manifest("loose", template={"podSecurityContext": {"runAsUser": 0}})
+    assert main(["validate", write(tmp_path, job)]) == 2
+    assert "set spec.template.podSecurity: Baseline to allow it" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("overrides", "expected"), [
     ({"replicas": 9}, "spec: spec.replicas must be <= spec.maxReplicas"),
     ({"trainer": {"lr": -1}}, "spec.trainer.lr: Input should be greater than 0"),
