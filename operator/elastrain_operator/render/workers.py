@@ -69,7 +69,7 @@ def _mounts(job: TrainingJob) -> tuple[list[Manifest], list[Manifest]]:
     return volumes, mounts
 
 
-def _container(job: TrainingJob) -> Manifest:
+def _container(job: TrainingJob, mounts: list[Manifest]) -> Manifest:
     spec = job.spec
     container: Manifest = {
         "name": TRAINER_CONTAINER,
@@ -89,13 +89,13 @@ def _container(job: TrainingJob) -> Manifest:
                                "protocol": "TCP"}]
     if resources := _resources(job):
         container["resources"] = resources
-    container["volumeMounts"] = _mounts(job)[1]
+    container["volumeMounts"] = mounts
     if spec.template.image_pull_policy:
         container["imagePullPolicy"] = spec.template.image_pull_policy
     return container
 
 
-def _template_fields(job: TrainingJob) -> Manifest:
+def _template_fields(job: TrainingJob, volumes: list[Manifest]) -> Manifest:
     """The user's narrow pod template override, each field only when set."""
     t = job.spec.template
     fields: dict[str, Any] = {
@@ -106,7 +106,7 @@ def _template_fields(job: TrainingJob) -> Manifest:
         "schedulerName": t.scheduler_name,
         "serviceAccountName": t.service_account_name,
         "imagePullSecrets": [{"name": n} for n in t.image_pull_secrets] or None,
-        "volumes": _mounts(job)[0],
+        "volumes": volumes,
         "securityContext": pod_security_context(t),
     }
     return {k: v for k, v in fields.items() if v is not None}
@@ -122,6 +122,7 @@ def render_worker_pod(job: TrainingJob, index: int, attempt: int) -> Manifest:
     if t.annotations:
         metadata["annotations"] = dict(t.annotations)
     metadata["finalizers"] = [WORKER_FINALIZER]
+    volumes, mounts = _mounts(job)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -131,7 +132,7 @@ def render_worker_pod(job: TrainingJob, index: int, attempt: int) -> Manifest:
             "subdomain": worker_service_name(name),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": job.spec.termination_grace_period_seconds,
-            **_template_fields(job),
-            "containers": [_container(job)],
+            **_template_fields(job, volumes),
+            "containers": [_container(job, mounts)],
         },
     }
