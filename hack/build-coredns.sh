@@ -16,7 +16,10 @@ PLUGINS=(bind cache errors health kubernetes log ready)
 mkdir -p "$BIN"
 
 is_built() {
-  [[ -x "$BIN/coredns" ]] && "$BIN/coredns" -version 2>/dev/null | grep -q "^CoreDNS-$COREDNS_VERSION\$"
+  [[ -x "$BIN/coredns" ]] || return 1
+  local out
+  out=$("$BIN/coredns" -version 2>/dev/null) || return 1
+  grep -q "^CoreDNS-$COREDNS_VERSION\$" <<<"$out"
 }
 
 write_main() {

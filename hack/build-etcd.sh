@@ -15,7 +15,10 @@ TIMINGS_FILE="$ROOT/build-times.txt"
 mkdir -p "$BIN"
 
 is_built() {
-  [[ -x "$BIN/etcd" ]] && "$BIN/etcd" --version 2>/dev/null | grep -qx "etcd Version: $ETCD_VERSION"
+  [[ -x "$BIN/etcd" ]] || return 1
+  local out
+  out=$("$BIN/etcd" --version 2>/dev/null) || return 1
+  grep -qx "etcd Version: $ETCD_VERSION" <<<"$out"
 }
 
 build_etcd() {

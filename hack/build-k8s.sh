@@ -26,7 +26,10 @@ TIMINGS_FILE="$ROOT/build-times.txt"
 mkdir -p "$BIN"
 
 is_built() {
-  [[ -x "$BIN/$1" ]] && "$BIN/$1" --version 2>/dev/null | grep -qx "Kubernetes v$K8S_VERSION"
+  [[ -x "$BIN/$1" ]] || return 1
+  local out
+  out=$("$BIN/$1" --version 2>/dev/null) || return 1
+  grep -qx "Kubernetes v$K8S_VERSION" <<<"$out"
 }
 
 ldflags() {

@@ -18,8 +18,10 @@ mkdir -p "$BIN"
 
 # kube-router prints its version on stderr.
 is_built() {
-  [[ -x "$BIN/kube-router" ]] &&
-    "$BIN/kube-router" --version 2>&1 | grep -q "version v$KUBE_ROUTER_VERSION,"
+  [[ -x "$BIN/kube-router" ]] || return 1
+  local out
+  out=$("$BIN/kube-router" --version 2>&1) || return 1
+  grep -q "version v$KUBE_ROUTER_VERSION," <<<"$out"
 }
 
 build_kube_router() {

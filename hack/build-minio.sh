@@ -20,7 +20,10 @@ TIMINGS_FILE="$ROOT/build-times.txt"
 mkdir -p "$BIN"
 
 is_built() {
-  [[ -x "$BIN/minio" ]] && "$BIN/minio" --version 2>/dev/null | grep -q "$release_tag"
+  [[ -x "$BIN/minio" ]] || return 1
+  local out
+  out=$("$BIN/minio" --version 2>/dev/null) || return 1
+  grep -q "$release_tag" <<<"$out"
 }
 
 build_minio() {

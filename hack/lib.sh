@@ -20,6 +20,11 @@ BUILD_PARALLELISM=${BUILD_PARALLELISM:-2}
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# The is_built checks read a program's whole version output before grep sees it: under pipefail,
+# `prog --version | grep -q X` fails at random when grep exits at the first match and prog dies of
+# SIGPIPE writing its next line (CI: etcd exit 141 on a loaded machine, so a good binary was rebuilt
+# and then refused).
+
 # timed NAME CMD...: runs CMD and appends "NAME <seconds>" to $TIMINGS_FILE (if set).
 timed() {
   local name=$1 start end
