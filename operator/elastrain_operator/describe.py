@@ -124,8 +124,9 @@ def _last_recovery(job: TrainingJob) -> list[str]:
     if rec is None:
         return []
     start = "scratch" if rec.resumed_from_step is None else f"step {rec.resumed_from_step}"
-    return [f"Last recovery: training resumed from {start} {rec.seconds:.1f}s after {rec.pod} "
-            f"was lost ({rec.kind} at {rec.lost_at.isoformat()}, training again at "
+    how = " in process" if rec.mode == "InProcess" else ""
+    return [f"Last recovery: training resumed{how} from {start} {rec.seconds:.1f}s after "
+            f"{rec.pod} was lost ({rec.kind} at {rec.lost_at.isoformat()}, training again at "
             f"{rec.training_at.isoformat()})"]
 
 

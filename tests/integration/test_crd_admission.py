@@ -14,6 +14,10 @@ from kubernetes.client.rest import ApiException
 from elastrain_operator.model.spec import (
     BYTE_VOCAB_MESSAGE,
     DATASET_MESSAGE,
+    INPROCESS_COMMAND_MESSAGE,
+    INPROCESS_GPU_MESSAGE,
+    INPROCESS_RANKS_MESSAGE,
+    INPROCESS_STRATEGY_MESSAGE,
     VALIDATION_DATASET_MESSAGE,
 )
 from tests.integration.conftest import kubectl
@@ -226,6 +230,23 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
        'Invalid value: "string": spec.suspend in body must be of type boolean: "string"')]),
     ("metrics-port", set_path("metricsPort", 70000),
      [bound("spec.metricsPort", 70000, "be less than or equal to 65535")]),
+    ("recovery-mode", set_path("recovery", {"mode": "inprocess"}),
+     [unsupported("spec.recovery.mode", "inprocess", "Restart", "InProcess")]),
+    ("heartbeat-too-short", set_path("recovery", {"mode": "InProcess",
+                                                  "heartbeatTimeoutSeconds": 1}),
+     [bound("spec.recovery.heartbeatTimeoutSeconds", 1, "be greater than or equal to 2")]),
+    ("inprocess-stock-torchrun", both(set_path("recovery", {"mode": "InProcess"}),
+                                      set_path("command", ["torchrun", "train.py"])),
+     [rule("spec.recovery.mode", INPROCESS_COMMAND_MESSAGE)]),
+    ("inprocess-two-ranks", both(set_path("recovery", {"mode": "InProcess"}),
+                                 set_path("nprocPerNode", 2)),
+     [rule("spec.recovery.mode", INPROCESS_RANKS_MESSAGE)]),
+    ("inprocess-fsdp", both(set_path("recovery", {"mode": "InProcess"}),
+                            set_path("strategy", "fsdp")),
+     [rule("spec.recovery.mode", INPROCESS_STRATEGY_MESSAGE)]),
+    ("inprocess-gpu", both(set_path("recovery", {"mode": "InProcess"}),
+                           set_path("resources", {"limits": {"nvidia.com/gpu": 1}})),
+     [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
 ]
 # The apiserver adds this when schema errors kept it from running the CEL rules: not a rule.
 NOT_CHECKED = ("<nil>", "Invalid value: null: some validation rules were not checked because "
@@ -357,6 +378,8 @@ IMMUTABLE = "is immutable: changing it mid-run is not supported"
                                                  "it cannot be added or removed after creation")),
     ({"rendezvous": {"port": 29500}},
      ("spec.rendezvous", f"Forbidden: spec.rendezvous {IMMUTABLE}")),
+    ({"recovery": {"mode": "InProcess"}},
+     ("spec.recovery", f"Forbidden: spec.recovery {IMMUTABLE}")),
 ])
 def test_immutable_fields(api: client.CustomObjectsApi, kube_namespace: str,
                           patch: dict[str, Any], expected: Cause) -> None:

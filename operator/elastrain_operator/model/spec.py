@@ -22,7 +22,7 @@ from elastrain_operator.model.pod_security import (
     refusals,
     template_rules,
 )
-from elastrain_operator.model.status import TrainingJobStatus
+from elastrain_operator.model.status import RecoveryMode, TrainingJobStatus
 
 API_GROUP = "elastrain.dev"
 API_VERSION = "v1alpha1"
@@ -75,6 +75,19 @@ NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no
                           "it names the job's Services")
 GPU_REQUESTS_MESSAGE = ("spec.resources: a GPU's requests and limits must be equal (set one: "
                         "the operator sets the other)")
+# In-process recovery runs the Session API of elastrain's own launcher, one DDP rank per pod, on
+# gloo (docs/recovery.md sections 10 and 13): what the trainer does not implement yet is refused
+# here rather than found by a worker that exits at start.
+INPROCESS_COMMAND_MESSAGE = (
+    "spec.recovery.mode InProcess needs elastrain's launcher: leave spec.command unset or name "
+    "elastrain_trainer.launch in it (a stock torchrun script cannot regroup in process; use "
+    "Restart)")
+INPROCESS_RANKS_MESSAGE = ("spec.recovery.mode InProcess runs one rank per pod: spec.nprocPerNode "
+                           "must be unset or 1 (use Restart for more)")
+INPROCESS_STRATEGY_MESSAGE = ("spec.recovery.mode InProcess supports spec.strategy ddp only "
+                              "(FSDP: use Restart)")
+INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
+                         "re-init are not implemented; use Restart for GPU workers")
 NPROC_AUTO_MESSAGE = ("spec.nprocPerNode \"auto\" needs a GPU in spec.resources "
                       "(e.g. limits nvidia.com/gpu); set an integer for CPU workers")
 
@@ -318,6 +331,23 @@ class RendezvousSpec(ApiModel):
     store: RendezvousStore = Field(default_factory=RendezvousStore)
 
 
+class RecoverySpec(ApiModel):
+    """How the survivors of a lost worker go on (docs/recovery.md)."""
+
+    mode: RecoveryMode = Field(
+        default="Restart",
+        description="Restart: every worker restarts and resumes from the newest checkpoint "
+                    "(torchrun's elastic rendezvous). InProcess: survivors keep their processes "
+                    "and model state and regroup at the next step boundary; a replacement joins "
+                    "with state from a live peer. InProcess needs the built-in trainer or a "
+                    "script on the Session API, one rank per pod, DDP on CPU.")
+    heartbeat_timeout_seconds: int = Field(
+        default=5, ge=2, le=300,
+        description="InProcess: a worker silent this long is judged lost (a pod that dies "
+                    "with its node closes no socket); 5 s is far below the node controller's "
+                    "40 s and above a loaded node's pauses.")
+
+
 class RestartPolicy(ApiModel):
     """Separate budgets: failures of the job's own making vs preemptions by the platform."""
 
@@ -363,6 +393,16 @@ _SPEC_RULES = k8s(
         "self.resources.limits.all(k, !k.endsWith('/gpu') || !(k in self.resources.requests) "
         "|| string(self.resources.requests[k]) == string(self.resources.limits[k]))",
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
+    cel("self.recovery.mode != 'InProcess' || !has(self.command) || "
+        "self.command.exists(c, c == 'elastrain_trainer.launch')",
+        INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
+    cel("self.recovery.mode != 'InProcess' || !has(self.nprocPerNode) || "
+        "(type(self.nprocPerNode) == int && self.nprocPerNode == 1)",
+        INPROCESS_RANKS_MESSAGE, field_path=".recovery.mode"),
+    cel("self.recovery.mode != 'InProcess' || self.strategy == 'ddp'",
+        INPROCESS_STRATEGY_MESSAGE, field_path=".recovery.mode"),
+    cel(f"self.recovery.mode != 'InProcess' || !({_gpu_in('limits')} || {_gpu_in('requests')})",
+        INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
     cel("!has(self.nprocPerNode) || type(self.nprocPerNode) != string || "
         "self.nprocPerNode != 'auto' || "
         f"{_gpu_in('limits')} || {_gpu_in('requests')}",
@@ -407,6 +447,8 @@ class TrainingJobSpec(ApiModel):
     rendezvous: RendezvousSpec = Field(
         default_factory=RendezvousSpec, json_schema_extra=k8s(immutable("spec.rendezvous")))
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    recovery: RecoverySpec = Field(
+        default_factory=RecoverySpec, json_schema_extra=k8s(immutable("spec.recovery")))
     termination_grace_period_seconds: int = Field(default=120, ge=0, le=3600)
     template: PodTemplateOverride = Field(default_factory=PodTemplateOverride)
     metrics_port: int = Field(
@@ -439,7 +481,26 @@ class TrainingJobSpec(ApiModel):
             raise ValueError(GPU_REQUESTS_MESSAGE)
         if self.trainer.min_lr > self.trainer.lr:
             raise ValueError("spec.trainer.minLr must be <= spec.trainer.lr")
+        if message := self._inprocess_refusal():
+            raise ValueError(message)
         return self
+
+    def _inprocess_refusal(self) -> str | None:
+        if self.recovery.mode != "InProcess":
+            return None
+        if self.command is not None and "elastrain_trainer.launch" not in self.command:
+            return INPROCESS_COMMAND_MESSAGE
+        if self.nproc_per_node is not None and self.nproc_per_node != 1:
+            return INPROCESS_RANKS_MESSAGE
+        if self.strategy != "ddp":
+            return INPROCESS_STRATEGY_MESSAGE
+        if self.gpu_count:
+            return INPROCESS_GPU_MESSAGE
+        return None
+
+    @property
+    def in_process(self) -> bool:
+        return self.recovery.mode == "InProcess"
 
     @property
     def gpu_count(self) -> int:

@@ -137,6 +137,9 @@ class RendezvousStoreState(ApiModel):
                                   "as the store is Ready.")
 
 
+RecoveryMode = Literal["Restart", "InProcess"]
+
+
 class TrainingRecovery(ApiModel):
     """How long training took to run again after the newest counted worker loss."""
 
@@ -147,7 +150,10 @@ class TrainingRecovery(ApiModel):
     kind: Literal["Preempted", "Failed"]
     pod: str = Field(default="", max_length=253, description="The lost worker pod.")
     resumed_from_step: int | None = Field(
-        default=None, ge=0, description="The checkpoint step training resumed from.")
+        default=None, ge=0, description="The step training resumed from: a checkpoint's "
+                                         "(Restart), the survivors' (InProcess).")
+    mode: RecoveryMode = Field(
+        default="Restart", description="The job's spec.recovery.mode when the loss recovered.")
 
 
 class TrainingJobStatus(ApiModel):

@@ -392,7 +392,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
-    training = derive_training_recovery(old.last_recovery, r.acct.losses, reports)
+    training = derive_training_recovery(old.last_recovery, r.acct.losses, reports,
+                                        mode=job.spec.recovery.mode)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
                       finishing=finishing, in_backoff=in_backoff,
@@ -481,8 +482,9 @@ def _hung_condition(status: TrainingJobStatus, job: TrainingJob, hung: float | N
 def _training_resumed(rec: TrainingRecovery) -> EventSpec:
     start = ("from scratch" if rec.resumed_from_step is None
              else f"from step {rec.resumed_from_step}")
+    how = " in process" if rec.mode == "InProcess" else ""
     return EventSpec("Normal", c.TRAINING_RESUMED,
-                     f"training resumed {start} {rec.seconds:.1f}s after {rec.pod} was lost")
+                     f"training resumed{how} {start} {rec.seconds:.1f}s after {rec.pod} was lost")
 
 
 def _recovery(r: _Round, observed: Observed, desired: int, now: datetime) -> float | None:

@@ -34,6 +34,7 @@ from elastrain_operator.model.status import (
     CheckpointFallback,
     CheckpointRef,
     Progress,
+    RecoveryMode,
     TrainingRecovery,
     ValidationLoss,
     WorkerLoss,
@@ -142,7 +143,8 @@ def merge_progress(previous: Progress | None, last_checkpoint: CheckpointRef | N
 
 
 def derive_training_recovery(previous: TrainingRecovery | None, losses: Sequence[WorkerLoss],
-                             reports: Sequence[ProgressReport] | None) -> TrainingRecovery | None:
+                             reports: Sequence[ProgressReport] | None, *,
+                             mode: RecoveryMode = "Restart") -> TrainingRecovery | None:
     """The recovery of the newest counted loss when these reports first show training after
     it; None when there is nothing new to record."""
     if not losses or not reports:
@@ -161,4 +163,4 @@ def derive_training_recovery(previous: TrainingRecovery | None, losses: Sequence
     training_at, first = min(resumes, key=lambda pair: pair[0])
     return TrainingRecovery(lost_at=loss.time, training_at=training_at,
                             seconds=(training_at - loss.time).total_seconds(), kind=loss.kind,
-                            pod=loss.pod, resumed_from_step=first.resumed_from_step)
+                            pod=loss.pod, resumed_from_step=first.resumed_from_step, mode=mode)

@@ -4,7 +4,9 @@ torchrun reads every option's default from PET_<OPTION>, so a stock `torchrun tr
 runs unchanged. The rendezvous endpoint is the job's own store (never a worker: `is_host=false`),
 and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each round's rank 0 publish a fresh master
 address (without it a scale-up hangs; see docs on rendezvous). torchrun's own restart budget is
-set high because the job's failure budget lives in the operator.
+set high because the job's failure budget lives in the operator. With spec.recovery.mode
+InProcess torchrun runs standalone in each pod instead, and the trainer's Session forms the job's
+world over the same store (render_inprocess_env).
 
 Order matters: PET_*/TORCH_*, then ELASTRAIN_*, then credentials, then the user's spec.env last,
 so a user can override anything (Kubernetes lets the later duplicate win).
@@ -26,6 +28,7 @@ MONITOR_INTERVAL_SECONDS = 0.5
 SHUTDOWN_MARGIN_SECONDS = 5
 
 EnvList = list[dict[str, Any]]
+NODE_ID_ENV = "ELASTRAIN_NODE_ID"
 
 
 def _text(value: bool | int | float | str) -> str:
@@ -62,6 +65,42 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "PET_SHUTDOWN_TIMEOUT": str(max(1, spec.termination_grace_period_seconds
                                         - SHUTDOWN_MARGIN_SECONDS)),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
+def render_standalone_torchrun_env(spec: TrainingJobSpec) -> dict[str, str]:
+    """PET_* for recovery InProcess: torchrun only starts and watches this pod's own rank.
+
+    With no cross-pod rendezvous, no membership change anywhere restarts a worker group: the
+    Session regroups the job's ranks in process over the job's store (ELASTRAIN_STORE). A rank
+    that exits for a lost peer is restarted in place, in this pod, and rejoins the live job; a
+    crash still ends the agent (the launcher's crash budget).
+    """
+    return {
+        "PET_STANDALONE": "1",
+        "PET_NNODES": "1",
+        "PET_NPROC_PER_NODE": str(spec.effective_nproc_per_node),
+        "PET_MAX_RESTARTS": str(TORCHRUN_MAX_RESTARTS),
+        "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL_SECONDS),
+        "PET_SHUTDOWN_TIMEOUT": str(max(1, spec.termination_grace_period_seconds
+                                        - SHUTDOWN_MARGIN_SECONDS)),
+    }
+
+
+def render_inprocess_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
+                         job_name: str) -> dict[str, str]:
+    """The Session's in-process membership settings (elastrain_trainer.inprocess.config);
+    ELASTRAIN_NODE_ID, the pod's name, comes from the downward API (render_worker_env)."""
+    return {
+        "ELASTRAIN_RECOVERY": "inProcess",
+        "ELASTRAIN_STORE": f"{store_host(job_name, namespace)}:{spec.rendezvous.port}",
+        "ELASTRAIN_RUN_ID": job_uid,
+        # What the first generation waits for; a pod created after a scale-up carries the new
+        # value, so the bound on the world is the job's constant maximum below.
+        "ELASTRAIN_REPLICAS": str(spec.desired_workers),
+        "ELASTRAIN_MAX_REPLICAS": str(spec.effective_max_replicas),
+        "ELASTRAIN_MIN_REPLICAS": str(spec.min_replicas),
+        "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(spec.recovery.heartbeat_timeout_seconds),
     }
 
 
@@ -127,13 +166,21 @@ NCCL_ENV = {
 def render_worker_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
                       job_name: str) -> EnvList:
     """The full env list of a worker container, in the order documented above."""
-    plain = {**render_torchrun_env(spec, namespace=namespace, job_uid=job_uid, job_name=job_name),
-             **render_trainer_env(spec, job_name),
+    where = {"namespace": namespace, "job_uid": job_uid, "job_name": job_name}
+    if spec.in_process:
+        launch = {**render_standalone_torchrun_env(spec), **render_inprocess_env(spec, **where)}
+    else:
+        launch = render_torchrun_env(spec, **where)
+    plain = {**launch, **render_trainer_env(spec, job_name),
              **(NCCL_ENV if spec.gpu_count else {})}
     own = {e.name for e in spec.env}
     # The user's spec.env comes last and wins; a setting of ours they also set is left out
     # rather than shadowed (two entries of one name: kubectl warns, readers are misled).
     env: EnvList = [{"name": k, "value": v} for k, v in plain.items() if k not in own]
+    if spec.in_process and NODE_ID_ENV not in own:
+        # Unique per pod attempt: a replacement is a new member, never the lost one back.
+        env.append({"name": NODE_ID_ENV,
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     env += _credentials(spec)
     env += [e.to_api() for e in spec.env]
     return env

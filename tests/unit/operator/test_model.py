@@ -51,6 +51,15 @@ def test_camel_case_round_trip() -> None:
     ({"trainer": {"lr": 1e-4, "minLr": 1e-3}}, "minLr"),
     ({"checkpoint": {"uri": "s3:///nobucket"}}, "spec.checkpoint.uri must be"),
     ({"bogus": 1}, "bogus"),
+    ({"recovery": {"mode": "InProcess"}, "command": ["torchrun", "train.py"]},
+     "spec.recovery.mode InProcess needs elastrain's launcher"),
+    ({"recovery": {"mode": "InProcess"}, "nprocPerNode": 2},
+     "spec.recovery.mode InProcess runs one rank per pod"),
+    ({"recovery": {"mode": "InProcess"}, "strategy": "fsdp"},
+     "spec.recovery.mode InProcess supports spec.strategy ddp only"),
+    ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+     "spec.recovery.mode InProcess runs on gloo (CPU) only"),
+    ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
 ])
 def test_invalid_specs_fail_with_the_field_named(overrides: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValidationError) as err:
@@ -77,3 +86,10 @@ def test_whole_object_parses_and_ignores_server_metadata() -> None:
     assert job.metadata.uid == "u-1" and job.metadata.generation == 3
     assert job.status.phase == "Running" and job.status.restarts == 2
     assert job.status.conditions[0].reason == "WorkersRunning"
+
+
+def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
+    s = spec(recovery={"mode": "InProcess"}, nprocPerNode=1,
+             command=["python", "-m", "elastrain_trainer.launch", "train.py"])
+    assert s.in_process and s.recovery.heartbeat_timeout_seconds == 5
+    assert not spec().in_process

@@ -444,6 +444,23 @@ def test_progress_parses_the_resume_fields_and_accepts_older_trainers() -> None:
     assert parse_progress({"step": 1, "trainingSince": "2026-01-01T00:00:03"}) is None
 
 
+def test_an_inprocess_loss_is_counted_once_and_its_recovery_says_in_process() -> None:
+    # The survivors keep running: no restart of theirs, one preemption for the lost pod only,
+    # and the regroup's first step (trainingSince after the loss) closes the recovery.
+    w = started(recovery={"mode": "InProcess"})
+    w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
+    w.reconcile(T0 + timedelta(seconds=10))
+    assert (w.status["preemptions"], w.status["restarts"]) == (1, 0)
+    p = w.reconcile(T0 + timedelta(seconds=12),
+                    progress=(report(21, T0 + timedelta(seconds=11.5), resumed_from=21),))
+    assert w.status["lastRecovery"]["mode"] == "InProcess"
+    assert training_resumed(p) == [
+        "training resumed in process from step 21 1.5s after demo-worker-1-0 was lost"]
+    w.run_all()
+    w.reconcile(T0 + timedelta(seconds=13))
+    assert (w.status["preemptions"], w.status["restarts"]) == (1, 0)
+
+
 def test_training_recovery_is_recorded_once_per_loss() -> None:
     w = started()
     w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
@@ -458,7 +475,8 @@ def test_training_recovery_is_recorded_once_per_loss() -> None:
     assert p.training_recovery is not None and p.training_recovery.seconds == 12.5
     assert w.status["lastRecovery"] == {
         "lostAt": "2026-01-01T00:00:10Z", "trainingAt": "2026-01-01T00:00:22.500000Z",
-        "seconds": 12.5, "kind": "Preempted", "pod": "demo-worker-1-0", "resumedFromStep": 20}
+        "seconds": 12.5, "kind": "Preempted", "pod": "demo-worker-1-0", "resumedFromStep": 20,
+        "mode": "Restart"}
     assert training_resumed(p) == [
         "training resumed from step 20 12.5s after demo-worker-1-0 was lost"]
     again = w.reconcile(T0 + timedelta(seconds=31), progress=resumed)

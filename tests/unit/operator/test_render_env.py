@@ -119,3 +119,49 @@ def test_checkpoint_resume_never_reaches_the_trainer_and_latest_renders_nothing(
     assert never["ELASTRAIN_CHECKPOINT_RESUME"] == "never"
     latest = render_trainer_env(spec(checkpoint={"uri": "s3://bucket/p"}), "j")
     assert "ELASTRAIN_CHECKPOINT_RESUME" not in latest  # the trainer's default
+
+
+def test_inprocess_workers_run_torchrun_standalone_and_join_the_job_store() -> None:
+    env = render_worker_env(spec(replicas=3, minReplicas=2, maxReplicas=4,
+                                 recovery={"mode": "InProcess", "heartbeatTimeoutSeconds": 3}),
+                            namespace="ml", job_uid="uid-1", job_name="demo")
+    plain = {e["name"]: e["value"] for e in env if "value" in e}
+    # No cross-pod rendezvous: torchrun never restarts a worker group for a membership change.
+    assert {k: v for k, v in plain.items() if k.startswith(("PET_", "TORCH_"))} == {
+        "PET_STANDALONE": "1",
+        "PET_NNODES": "1",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_MAX_RESTARTS": "1000000",
+        "PET_MONITOR_INTERVAL": "0.5",
+        "PET_SHUTDOWN_TIMEOUT": "115",
+    }
+    assert {k: v for k, v in plain.items()
+            if k in {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE", "ELASTRAIN_RUN_ID",
+                     "ELASTRAIN_REPLICAS", "ELASTRAIN_MAX_REPLICAS", "ELASTRAIN_MIN_REPLICAS",
+                     "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"}} == {
+        "ELASTRAIN_RECOVERY": "inProcess",
+        "ELASTRAIN_STORE": "demo-rdzv.ml.svc:29400",
+        "ELASTRAIN_RUN_ID": "uid-1",
+        "ELASTRAIN_REPLICAS": "3",
+        "ELASTRAIN_MAX_REPLICAS": "4",
+        "ELASTRAIN_MIN_REPLICAS": "2",
+        "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": "3",
+    }
+    node_id = [e for e in env if e["name"] == "ELASTRAIN_NODE_ID"]
+    assert node_id == [{"name": "ELASTRAIN_NODE_ID",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+
+
+def test_restart_mode_renders_no_inprocess_setting() -> None:
+    names = {e["name"] for e in render_worker_env(spec(), namespace="n", job_uid="u",
+                                                  job_name="j")}
+    assert not {n for n in names if n in {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE",
+                                          "ELASTRAIN_NODE_ID", "PET_STANDALONE"}}
+
+
+def test_inprocess_node_id_from_the_user_wins() -> None:
+    env = render_worker_env(spec(recovery={"mode": "InProcess"},
+                                 env=[{"name": "ELASTRAIN_NODE_ID", "value": "mine"}]),
+                            namespace="n", job_uid="u", job_name="j")
+    assert [e for e in env if e["name"] == "ELASTRAIN_NODE_ID"] == [
+        {"name": "ELASTRAIN_NODE_ID", "value": "mine"}]
