@@ -62,6 +62,8 @@ ADMITTED = {
                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
                      "volumeMounts": [{"name": "data", "mountPath": "/data"}]}},
     "stock-torchrun": {"command": ["torchrun", "train.py"]},
+    # The pod name through the downward API, torchrun standalone.
+    "inprocess": {"recovery": {"mode": "InProcess"}},
 }
 
 
