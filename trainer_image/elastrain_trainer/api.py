@@ -445,6 +445,9 @@ class Session:
             self.manager.catalog = None
         if last is not None and last.healed_from is not None:
             self._resumed = self.step
+        assert plan is not None
+        metrics.record_generation(plan.gen, plan.world_size, self.step,
+                                  regrouped=plan.reason != "start")
         if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
             assert plan is not None and last is not None
             emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,

@@ -93,6 +93,10 @@ class _Progress:
     # The latest validation loss and its step (None: no validation split, or not evaluated yet).
     validation_loss: float | None = None
     validation_step: int | None = None
+    # How this worker recovers from a peer's loss: "Restart" (a new process per change) or
+    # "InProcess" (docs/recovery.md); the generation of the process group (InProcess only).
+    recovery_mode: str = "Restart"
+    generation: int | None = None
 
 
 _progress = _Progress()
@@ -145,6 +149,20 @@ def record_peak_memory(peak_bytes: int, measure: str) -> None:
     PEAK_MEMORY.set(peak_bytes)
     with _lock:
         _progress.memory_peak_bytes, _progress.memory_measure = peak_bytes, measure
+
+
+def record_generation(generation: int, world_size: int, step: int, *, regrouped: bool) -> None:
+    """In-process recovery entered a generation of the process group. After a regroup
+    (`regrouped`: not the job's start generation) training resumes in the same process at
+    `step`: trainingSince is cleared so that the first step completed from here sets it (the
+    operator measures a loss's recovery up to it), and resumedFromStep is `step`."""
+    WORLD_SIZE.set(world_size)
+    with _lock:
+        _progress.recovery_mode, _progress.generation = "InProcess", generation
+        _progress.world_size = world_size
+        if regrouped:
+            _progress.step = _progress.resumed_from_step = step
+            _progress.training_since = None
 
 
 def record_resumed(step: int) -> None:
@@ -250,7 +268,9 @@ def _document() -> dict[str, Any]:
             "checkpointHealth": health,
             "checkpointFallback": _progress.checkpoint_fallback,
             "validation": _validation(),
-            "memory": _memory()}
+            "memory": _memory(),
+            "recoveryMode": _progress.recovery_mode,
+            "generation": _progress.generation}
 
 
 def _validation() -> dict[str, Any] | None:

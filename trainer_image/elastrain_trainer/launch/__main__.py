@@ -27,6 +27,7 @@ from elastrain_trainer.faults import CONFIG_PREFIX, EXIT_CONFIG, config_reason
 from elastrain_trainer.launch.agent import (
     WorkerCrashed,
     WorkerMisconfigured,
+    left_cleanly,
     patch_crash_budget,
     patch_restart_timeout,
     report_crash,
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             report_crash(f"{CONFIG_PREFIX}launcher: {e} (or set {PLAIN_TORCHRUN_ENV}=1 to run "
                          "plain torchrun without these patches)")
             return EXIT_CONFIG
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.run import main as torchrun
     from torch.distributed.run import parse_args
 
@@ -66,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     except MissingPrivateHook as e:  # found only once the agent exists (agent.py)
         report_crash(f"{CONFIG_PREFIX}launcher: {e}")
         return EXIT_CONFIG
+    except SignalException:
+        # In-process recovery (docs/recovery.md section 10): the signalled worker left the job
+        # at a step boundary and exited 0, so the pod ends 0 too. Restart mode: unchanged.
+        if os.environ.get("ELASTRAIN_RECOVERY") == "inProcess" and left_cleanly():
+            print("elastrain launch: signalled; the worker left the job cleanly", file=sys.stderr,
+                  flush=True)
+            return 0
+        raise
     return 0
 
 

@@ -116,6 +116,28 @@ def crash_of(failures: dict[int, Any]) -> str | None:
     return None
 
 
+# The workers' exit codes after the agent's last shutdown (None: unknown). In-process recovery
+# reads them when the agent was signalled: a worker that left the job cleanly makes the pod end 0.
+shutdown_exit_codes: dict[int, int | None] | None = None
+
+
+def exit_codes_of(pcontext: Any) -> dict[int, int | None] | None:
+    """Each local rank's exit code (None: still running) of a subprocess context; None when the
+    context does not say (a torch without `subprocess_handlers`: then nothing is claimed)."""
+    handlers = getattr(pcontext, "subprocess_handlers", None)
+    if not isinstance(handlers, dict) or not handlers:
+        return None
+    return {int(rank): getattr(getattr(h, "proc", None), "returncode", None)
+            for rank, h in handlers.items()}
+
+
+def left_cleanly() -> bool:
+    """Every worker exited 0 in the agent's last shutdown (a signalled in-process node that left
+    the job at a step boundary)."""
+    codes = shutdown_exit_codes
+    return codes is not None and all(code == 0 for code in codes.values())
+
+
 def patch_crash_budget() -> None:
     """Make torchrun's agent stop the node on a crash (see the module docstring;
     MissingPrivateHook if torch changed what this relies on)."""
@@ -152,6 +174,11 @@ def patch_crash_budget() -> None:
                 worker_group.spec.rdzv_handler.shutdown = lambda: False
                 raise WorkerCrashed(reason)
             return result
+
+        def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+            super()._shutdown(*args, **kwargs)
+            global shutdown_exit_codes
+            shutdown_exit_codes = exit_codes_of(getattr(self, "_pcontext", None))
 
     launcher_api.LocalElasticAgent = ElastrainAgent  # type: ignore[attr-defined]
 

@@ -1,0 +1,201 @@
+"""In-process recovery under the launcher, as the operator renders a worker pod in InProcess mode
+(docs/recovery.md section 10): `python -m elastrain_trainer.launch -m elastrain_trainer` with
+torchrun standalone per node (PET_STANDALONE=1, one rank) and ELASTRAIN_RECOVERY=inProcess
+against one real TCPStore, the job's store. Each launcher is a process-group leader, as a pod's
+PID 1 is; the built-in trainer is its worker.
+
+- a SIGTERM to one launcher (the pod's notice) reaches its worker, which leaves at the next step
+  boundary; the launcher then exits 0; the survivors keep their worker processes and train every
+  step exactly once (0 lost);
+- a SIGKILL of one launcher's whole process group (the pod gone without notice): the survivors
+  keep their worker processes and regroup within the heartbeat bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_trainer.ports import free_port
+
+from .conftest import trainer_env
+from .test_inprocess import wait_for
+from .test_inprocess_builtin import job_store, records
+
+pytestmark = [pytest.mark.timeout(300)]
+__all__ = ["job_store"]  # the fixture, imported for the tests below
+HEARTBEAT_S = 2.0
+
+
+def pod_env(root: Path, node: str, port: int, run: str, replicas: int,
+            **extra: str) -> dict[str, str]:
+    """What the operator renders for one worker pod in InProcess mode (the PET_* contract)."""
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
+            **trainer_env(root, **{"STEPS": "80", "GLOBAL_BATCH_SIZE": "12",
+                                   "CHECKPOINT_INTERVAL_STEPS": "10", "CHECKPOINT_KEEP": "100",
+                                   "STEP_SLEEP_SECONDS": "0.1", **extra}),
+            "PET_STANDALONE": "1", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
+            "PET_MAX_RESTARTS": "1000000", "PET_MONITOR_INTERVAL": "0.5",
+            "PET_SHUTDOWN_TIMEOUT": "25",
+            "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{port}",
+            "ELASTRAIN_NODE_ID": node, "ELASTRAIN_RUN_ID": run,
+            "ELASTRAIN_REPLICAS": str(replicas), "ELASTRAIN_MIN_REPLICAS": "1",
+            "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_S),
+            "ELASTRAIN_TERMINATION_LOG": str(root / f"{node}.termination")}
+
+
+class Pods:
+    """Launchers, each the leader of its own process group (a pod), reaped at the end."""
+
+    def __init__(self, root: Path, port: int, run: str) -> None:
+        self.root, self.port, self.run = root, port, run
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, replicas: int, **extra: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elastrain_trainer.launch", "-m", "elastrain_trainer"],
+            env=pod_env(self.root, node, self.port, self.run, replicas, **extra),
+            stdout=(self.root / f"{node}.log").open("ab"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.procs[node] = proc
+        return proc
+
+    def records(self, node: str) -> list[dict[str, Any]]:
+        return records(self.root / f"{node}.log")
+
+    def all_records(self) -> list[dict[str, Any]]:
+        return sorted((r for n in self.procs for r in self.records(n)), key=lambda r: r["time"])
+
+    def stepped(self) -> int:
+        return max((r["step"] for r in self.all_records() if r["event"] == "step"), default=0)
+
+    def worker_pid(self, node: str) -> int | None:
+        """The launcher's worker: its one child process (torchrun standalone, one rank)."""
+        pid = self.procs[node].pid
+        kids: list[int] = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                kids += [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return kids[0] if len(kids) == 1 else None
+
+    def log(self, node: str) -> str:
+        return (self.root / f"{node}.log").read_text(errors="replace")[-4000:]
+
+    def wait_all(self, timeout: float = 240) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        return {n: p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                for n, p in self.procs.items()}
+
+    def kill_pod(self, node: str) -> None:
+        """SIGKILL everything of the pod: the launcher's process group and its worker's (torch
+        starts each worker in a session of its own; a pod's end kills every process in it)."""
+        worker = self.worker_pid(node)
+        for group in (self.procs[node].pid, worker):
+            if group is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        for node, p in self.procs.items():
+            if p.poll() is None:
+                self.kill_pod(node)
+                p.wait()
+
+
+@pytest.fixture
+def pods(job_store: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pods]:
+    p = Pods(tmp_path, job_store.port, request.node.name[:40])
+    yield p
+    p.kill_all()
+
+
+def progress(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5) as r:
+        doc: dict[str, Any] = json.load(r)
+    return doc
+
+
+def seconds(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def start_three(pods: Pods, ports: dict[str, int] | None = None) -> dict[str, int]:
+    for node in ("a", "b", "c"):
+        extra = {"METRICS_PORT": str(ports[node])} if ports else {}
+        pods.start(node, 3, **extra)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 3", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in pods.procs}
+    assert None not in pids.values(), pids
+    return {n: pid for n, pid in pids.items() if pid is not None}
+
+
+def test_sigterm_to_a_launcher_leaves_the_job_and_the_survivors_keep_their_workers(
+        pods: Pods) -> None:
+    """Also /progress, as the operator reads it: the leave's recovery ends at the first
+    trainingSince after the signal, in generation 2 at world 2, resumed from the leave's step."""
+    ports = {n: free_port() for n in ("a", "b", "c")}
+    pids = start_three(pods, ports)
+    before = progress(ports["a"])
+    assert (before["recoveryMode"], before["generation"], before["worldSize"]) == (
+        "InProcess", 1, 3), before
+    signalled = time.time()
+    pods.procs["c"].send_signal(signal.SIGTERM)  # the kubelet signals the pod's PID 1 only
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "leave"
+                         for r in pods.all_records()), "the regroup after the leave")
+    survivors = {n: pods.worker_pid(n) for n in ("a", "b")}
+    wait_for(lambda: (lambda d: d["generation"] == 2 and d["trainingSince"] is not None)(
+        progress(ports["a"])), "a step at world 2")
+    after = progress(ports["a"])
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    assert survivors == {n: pids[n] for n in ("a", "b")}  # no worker restarted
+    left = [r for r in pods.records("c") if r["event"] == "left"]
+    assert len(left) == 1
+    steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
+    assert [s for s, _ in steps] == list(range(1, 81)), steps  # every step once: 0 lost
+    assert {w for s, w in steps if s <= left[0]["step"]} == {3}
+    assert {w for s, w in steps if s > left[0]["step"]} == {2}
+    assert "the worker left the job cleanly" in pods.log("c")
+    assert (after["generation"], after["worldSize"], after["resumedFromStep"]) == (
+        2, 2, left[0]["step"]), after
+    assert seconds(after["trainingSince"]) > signalled
+    print(f"SIGTERM -> first step at world 2 in "
+          f"{seconds(after['trainingSince']) - signalled:.2f} s")
+
+
+def test_a_launcher_killed_with_its_worker_the_survivors_regroup_within_the_heartbeat_bound(
+        pods: Pods) -> None:
+    pids = start_three(pods)
+    killed_at = time.time()
+    pods.kill_pod("c")  # the pod gone without notice
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
+                         for r in pods.all_records()), "the regroup after the loss")
+    survivors = {n: pods.worker_pid(n) for n in ("a", "b")}
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": -signal.SIGKILL}, {n: pods.log(n) for n in codes}
+    assert survivors == {n: pids[n] for n in ("a", "b")}  # no worker restarted
+    fail = next(r for r in pods.all_records() if r["event"] == "regroup"
+                and r["reason"] == "fail")
+    took = fail["time"] - killed_at
+    print(f"killed -> regrouped at world {fail['world_size']} in {took:.2f} s")
+    assert fail["world_size"] == 2
+    # A silent node is judged dead after the heartbeat timeout; slack for a loaded machine.
+    assert took <= HEARTBEAT_S + 3.0, took
+    steps = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(steps)) == list(range(1, 81))
+    assert len(steps) - len(set(steps)) <= 1  # <= 1 step (the one in flight) trained twice
+

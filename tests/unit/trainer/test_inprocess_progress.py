@@ -1,0 +1,44 @@
+"""/progress under in-process recovery (docs/recovery.md section 10): the operator measures a
+loss's recovery up to the first `trainingSince` later than the loss, so each regroup clears it
+and the first step completed after it sets it again; `resumedFromStep` is the generation's step,
+`worldSize` the new world, and `recoveryMode` / `generation` tell the two modes apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastrain_trainer import metrics
+
+
+@pytest.fixture(autouse=True)
+def fresh_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_progress", metrics._Progress())
+
+
+def test_restart_mode_says_so_and_has_no_generation() -> None:
+    metrics.record_start(100, 3, 0)
+    metrics.record_step(1, 2.0, 0.1, 0)
+    doc = metrics.progress_document()
+    assert doc["recoveryMode"] == "Restart" and doc["generation"] is None
+    assert doc["trainingSince"] is not None and doc["resumedFromStep"] is None
+
+
+def test_a_regroup_clears_training_since_until_the_next_step() -> None:
+    metrics.record_start(100, 3, 0)
+    metrics.record_generation(1, 3, 0, regrouped=False)  # the job's start generation
+    for step in range(1, 13):
+        metrics.record_step(step, 2.0, 0.1, 0)
+    first = metrics.progress_document()
+    assert first["generation"] == 1 and first["recoveryMode"] == "InProcess"
+    assert first["resumedFromStep"] is None and first["trainingSince"] is not None
+
+    metrics.record_generation(2, 2, 12, regrouped=True)  # a leave at step 12
+    regrouped = metrics.progress_document()
+    assert regrouped["trainingSince"] is None  # not training again yet
+    assert (regrouped["generation"], regrouped["worldSize"], regrouped["resumedFromStep"],
+            regrouped["step"]) == (2, 2, 12, 12)
+
+    metrics.record_step(13, 2.0, 0.1, 0)
+    after = metrics.progress_document()
+    assert after["trainingSince"] is not None and after["trainingSince"] >= first["trainingSince"]
+    assert after["trainingSince"] == after["lastStepTime"]
