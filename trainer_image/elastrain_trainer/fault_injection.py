@@ -6,6 +6,9 @@ line (blank lines and `#` comments allowed):
     ELASTRAIN_FAULT_CRASH_AT_STEP=N   raise RuntimeError once step N has trained
     ELASTRAIN_FAULT_CRASH_RANK=R      ... on global rank R only (default: every rank)
     ELASTRAIN_FAULT_CRASH_ONCE=PATH   ... only if PATH does not exist yet (then create it)
+    ELASTRAIN_FAULT_GIVE_UP_AT_STEP=N exit EXIT_RESTART once step N has trained, as an
+                                      in-process survivor that could not recover does (the
+                                      launcher restarts it in place); CRASH_ONCE applies
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -41,7 +44,9 @@ CRASH_AT_STEP = "ELASTRAIN_FAULT_CRASH_AT_STEP"
 CRASH_RANK = "ELASTRAIN_FAULT_CRASH_RANK"
 CRASH_ONCE = "ELASTRAIN_FAULT_CRASH_ONCE"
 HANG_AT_STEP = "ELASTRAIN_FAULT_HANG_AT_STEP"
-NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP)
+GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
+NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP)
+EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
 _ignored_told = False
@@ -101,15 +106,27 @@ def after_step(step: int, rank: int, *, fresh: bool,
     crash_rank = int(knobs.get(CRASH_RANK) or -1)
     once = knobs.get(CRASH_ONCE)
     if crash_at and step == crash_at and crash_rank in (-1, rank):
-        if once:
-            try:
-                Path(once).touch(exist_ok=False)
-            except FileExistsError:
-                return
+        if not _first_time(once):
+            return
         raise InjectedCrash(f"injected crash at step {step} on rank {rank} "
                             f"({CRASH_AT_STEP})")
+    give_up = int(knobs.get(GIVE_UP_AT_STEP) or 0)
+    if give_up and step == give_up and _first_time(once):
+        print(f"elastrain: injected give-up at step {step} ({GIVE_UP_AT_STEP})", flush=True)
+        raise SystemExit(EXIT_RESTART)
     hang_at = int(knobs.get(HANG_AT_STEP) or 0)
     if hang_at and step == hang_at and fresh:
         print(f"elastrain: injected hang at step {step} on rank {rank} "
               f"({HANG_AT_STEP})", flush=True)
         threading.Event().wait()
+
+
+def _first_time(once: str | None) -> bool:
+    """False when the fault is armed once (CRASH_ONCE) and already fired."""
+    if not once:
+        return True
+    try:
+        Path(once).touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True

@@ -199,3 +199,68 @@ def test_a_launcher_killed_with_its_worker_the_survivors_regroup_within_the_hear
     assert sorted(set(steps)) == list(range(1, 81))
     assert len(steps) - len(set(steps)) <= 1  # <= 1 step (the one in flight) trained twice
 
+
+def give_up_at(pods: Pods, node: str, step: int) -> dict[str, str]:
+    """A fault file that makes `node`'s worker exit EXIT_RESTART once after `step`, as an
+    in-process survivor that could not recover does."""
+    path = pods.root / f"{node}.faults"
+    path.write_text(f"ELASTRAIN_FAULT_GIVE_UP_AT_STEP={step}\n"
+                    f"ELASTRAIN_FAULT_CRASH_ONCE={pods.root / f'{node}.fired'}\n")
+    return {"ELASTRAIN_FAULT_INJECTION_FILE": str(path)}
+
+
+def test_a_worker_that_gives_up_is_restarted_in_place_and_healed_from_a_live_peer(
+        pods: Pods) -> None:
+    pods.start("a", 2)
+    pods.start("b", 2, **give_up_at(pods, "b", 12))
+    wait_for(lambda: pods.stepped() >= 6, "step 6", timeout=180)
+    first = pods.worker_pid("b")
+    wait_for(lambda: any(r["event"] == "regroup" and r.get("node") == "b.1"
+                         for r in pods.records("b")), "b's worker back as node b.1")
+    assert pods.procs["b"].poll() is None  # the pod did not end: its launcher restarted it
+    again = pods.worker_pid("b")
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
+    assert again is not None and again != first
+    healed = next(r for r in pods.records("b") if r["event"] == "regroup"
+                  and r.get("node") == "b.1")
+    assert healed["healed_from"] == "a" and healed["world_size"] == 2, healed
+    assert not any(r["event"] == "resumed" for r in pods.all_records())  # no checkpoint load
+    steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
+    assert sorted({s for s, _ in steps}) == list(range(1, 81)), steps
+    assert steps[-1] == (80, 2)
+
+
+def test_a_worker_that_gives_up_with_no_live_generation_restarts_from_the_checkpoint(
+        pods: Pods) -> None:
+    """One node: its worker exits EXIT_RESTART after step 12; the launcher restarts it in
+    place as node a.1, which finds generation 1 silent, starts generation 2 and loads the
+    checkpoint of step 10 (the newest committed)."""
+    pods.start("a", 1, **give_up_at(pods, "a", 12))
+    codes = pods.wait_all()
+    assert codes == {"a": 0}, pods.log("a")
+    recs = pods.records("a")
+    start = [r for r in recs if r["event"] == "regroup" and r["reason"] == "start"]
+    assert [(r["gen"], r["node"]) for r in start] == [(1, "a"), (2, "a.1")], start
+    resumed = [r for r in recs if r["event"] == "resumed"]
+    assert [r["step"] for r in resumed] == [10], resumed
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, 13)) + list(range(11, 81)), steps
+
+
+def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
+    """ELASTRAIN_MAX_REPLICAS bounds the world, ELASTRAIN_REPLICAS only what the first
+    generation waits for: a pod created after a scale-up (replicas 3) joins the two that
+    started with replicas 2, and the world becomes 3 (not a spare)."""
+    for node in ("a", "b"):
+        pods.start(node, 2, MAX_REPLICAS="3")
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pods.start("c", 3, MAX_REPLICAS="3")
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    join = [r for r in pods.all_records() if r["event"] == "regroup" and r["reason"] == "join"]
+    assert join and join[0]["world_size"] == 3, join
+    steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
+    assert [s for s, _ in steps] == list(range(1, 81)), steps
+    assert steps[0][1] == 2 and steps[-1][1] == 3
+

@@ -26,12 +26,27 @@ def test_in_process_settings() -> None:
         "job-store", 29400, "job-worker-1-0", "uid-1", 3, 1, 5.0)
 
 
+def test_max_replicas_is_the_largest_world_and_defaults_to_replicas() -> None:
+    cfg = read_inprocess_config(BASE)
+    assert cfg is not None and cfg.max_replicas == 3
+    cfg = read_inprocess_config({**BASE, "ELASTRAIN_MAX_REPLICAS": "5"})
+    assert cfg is not None and (cfg.replicas, cfg.max_replicas) == (3, 5)
+
+
+def test_a_worker_restarted_in_place_joins_as_a_new_node() -> None:
+    first = read_inprocess_config({**BASE, "TORCHELASTIC_RESTART_COUNT": "0"})
+    again = read_inprocess_config({**BASE, "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert first is not None and first.node_id == "job-worker-1-0"
+    assert again is not None and again.node_id == "job-worker-1-0.2"
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ({"ELASTRAIN_RECOVERY": "inprocess"}, "one of restart, inProcess"),
     ({"ELASTRAIN_STORE": "job-store"}, "ELASTRAIN_STORE=<host>:<port>"),
     ({"ELASTRAIN_NODE_ID": ""}, "ELASTRAIN_NODE_ID"),
     ({"ELASTRAIN_RUN_ID": ""}, "ELASTRAIN_RUN_ID"),
     ({"ELASTRAIN_MIN_REPLICAS": "4"}, "min <= replicas"),
+    ({"ELASTRAIN_MAX_REPLICAS": "2"}, "replicas <= max"),
     ({"ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": "1"}, "at least 2"),
 ])
 def test_bad_settings_are_configuration_errors(override: dict[str, str], message: str) -> None:

@@ -2,10 +2,15 @@
 
     ELASTRAIN_RECOVERY=inProcess            opt in (default: restart, today's path, unchanged)
     ELASTRAIN_STORE=<job>-store:<port>      the job's store (a TCPStore no worker hosts)
-    ELASTRAIN_NODE_ID=<pod name>            unique per pod attempt
+    ELASTRAIN_NODE_ID=<pod name>            unique per pod attempt; a worker the launcher
+                                            restarted in place (TORCHELASTIC_RESTART_COUNT=n > 0)
+                                            joins as the new node <pod name>.<n>
     ELASTRAIN_RUN_ID=<job uid>              the store prefix elastrain/<run_id>/
-    ELASTRAIN_REPLICAS=3                    the first generation waits for this many nodes; the
-                                            largest world (spec.replicas)
+    ELASTRAIN_REPLICAS=3                    the first generation waits for this many nodes
+                                            (spec.replicas when the pod was created)
+    ELASTRAIN_MAX_REPLICAS=4                the largest world (spec.maxReplicas; default
+                                            ELASTRAIN_REPLICAS), the same for every pod of the
+                                            job: a scale-up pod joins the world, not the spares
     ELASTRAIN_MIN_REPLICAS=1                below this no generation forms
     ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS=5   a silent node is dead after this (min 2)
 """
@@ -29,8 +34,11 @@ class InProcessConfig:
     replicas: int
     min_replicas: int = 1
     heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
+    max_replicas: int = 0  # 0: replicas
 
     def __post_init__(self) -> None:
+        if self.max_replicas == 0:
+            object.__setattr__(self, "max_replicas", self.replicas)
         if not self.node_id:
             raise ValueError("ELASTRAIN_RECOVERY=inProcess needs ELASTRAIN_NODE_ID")
         if not self.run_id:
@@ -38,6 +46,9 @@ class InProcessConfig:
         if not 1 <= self.min_replicas <= self.replicas:
             raise ValueError(f"ELASTRAIN_MIN_REPLICAS={self.min_replicas}, ELASTRAIN_REPLICAS="
                              f"{self.replicas}: need 1 <= min <= replicas")
+        if self.max_replicas < self.replicas:
+            raise ValueError(f"ELASTRAIN_MAX_REPLICAS={self.max_replicas}, ELASTRAIN_REPLICAS="
+                             f"{self.replicas}: need replicas <= max")
         if self.heartbeat_timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS={self.heartbeat_timeout_s}: "
                              f"at least {MIN_TIMEOUT_S}")
@@ -54,9 +65,16 @@ def read_inprocess_config(env: Mapping[str, str]) -> InProcessConfig | None:
     if not sep or not host or not port.isdigit():
         raise ValueError("ELASTRAIN_RECOVERY=inProcess needs ELASTRAIN_STORE=<host>:<port>, "
                          f"got {env.get('ELASTRAIN_STORE', '')!r}")
+    node_id = env.get("ELASTRAIN_NODE_ID", "")
+    restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if node_id and restart > 0:
+        # The launcher restarted this worker in place (it exited EXIT_RESTART): a new process
+        # holds none of the old one's state or generation, so it joins as a new node.
+        node_id = f"{node_id}.{restart}"
     return InProcessConfig(
-        store_host=host, store_port=int(port), node_id=env.get("ELASTRAIN_NODE_ID", ""),
+        store_host=host, store_port=int(port), node_id=node_id,
         run_id=env.get("ELASTRAIN_RUN_ID", ""), replicas=int(env.get("ELASTRAIN_REPLICAS", "1")),
         min_replicas=int(env.get("ELASTRAIN_MIN_REPLICAS", "1")),
         heartbeat_timeout_s=float(env.get("ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS",
-                                          str(DEFAULT_TIMEOUT_S))))
+                                          str(DEFAULT_TIMEOUT_S))),
+        max_replicas=int(env.get("ELASTRAIN_MAX_REPLICAS", "0")))

@@ -36,6 +36,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from elastrain_trainer.inprocess import regroup, rewrap, transfer
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
 from elastrain_trainer.inprocess.membership import (
+    Liveness,
+    NoQuorumError,
     Plan,
     PlanConfig,
     Requests,
@@ -101,31 +103,73 @@ class Member:
 
     def join(self) -> Plan:
         """Register, ask to join, and enter the first plan that includes this node. The first
-        node of a job coordinates the start generation (every node that came in time)."""
+        node of a job coordinates the start generation (every node that came in time); a node
+        that finds no live generation (every node of the newest plan silent for the heartbeat
+        timeout: a drain, or every survivor restarted in place) coordinates a new start
+        generation, which loads the newest checkpoint as the job's first one does."""
         self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
         self.heartbeat.start()
         gen = self.store.generation()
         self.store.request_join(self.node_id)
         if gen == 0 and self.store.try_advance(0):
-            self._publish_start()
+            self._publish_start(None)
         # `gen` is won before its plan is published, so the plan of the generation read may
         # still name this node: look from there on.
         gen = max(gen, 1)
+        liveness = Liveness(self.cfg.heartbeat_timeout_s)
+        deadline = time.monotonic() + self.cfg.plan_wait_s
         while True:
-            plan = self._wait_plan(gen)
-            if self.node_id in plan.nodes:
+            if self.store.has_plan(gen + 1):
+                gen += 1
+                continue
+            if self.store.done():
+                raise SystemExit(0)  # training finished while this node waited
+            plan = self.store.read_plan(gen) if self.store.has_plan(gen) else None
+            if plan is None:
+                if time.monotonic() > deadline:
+                    raise PlanTimeoutError(f"{self.node_id}: no plan for generation {gen} "
+                                           f"within {self.cfg.plan_wait_s} s")
+            elif self.node_id in plan.nodes:
                 self._enter(plan)
                 return plan
-            gen += 1
+            else:
+                now = time.monotonic()
+                liveness.observe(self.store.heartbeats(plan.nodes), now)
+                if liveness.dead(now) >= set(plan.nodes) and self.store.try_advance(gen):
+                    self._publish_start(plan)
+            time.sleep(0.05)
 
-    def _publish_start(self) -> None:
-        deadline = time.monotonic() + self.cfg.start_wait_s
-        while self.store.joins_after(0)[0] < self.cfg.expected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pending = self.store.pending()
-        seq, joining = self.store.joins_after(0)
-        plan = plan_generation(None, Requests(step=0, joining=tuple(joining)), self.cfg.plan)
-        self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
+    def _publish_start(self, dead: Plan | None) -> None:
+        """The plan of a start generation after `dead` (None: the job's first): the nodes that
+        asked to join since `dead`'s plan and still beat, once `expected` asked or the wait is
+        over (after `dead`, a heartbeat timeout at most: replacements that come later join
+        the live generation), and at least as many as the smallest world."""
+        after = dead.join_seq if dead is not None else 0
+        wait = self.cfg.start_wait_s if dead is None else self.cfg.heartbeat_timeout_s
+        deadline = time.monotonic() + wait
+        while True:
+            while (self.store.joins_after(after)[0] - after < self.cfg.expected
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+            pending = self.store.pending()
+            seq, joining = self.store.joins_after(after)
+            if dead is not None:
+                joining = self._beating(joining)
+            try:
+                plan = plan_generation(None, Requests(step=0, joining=tuple(joining)),
+                                       self.cfg.plan)
+                break
+            except NoQuorumError:  # too few nodes yet for the smallest world: wait for more
+                time.sleep(0.1)
+        gen = dead.gen + 1 if dead is not None else 1
+        self.store.publish(dataclasses.replace(plan, gen=gen, pending=pending, join_seq=seq))
+
+    def _beating(self, nodes: list[str]) -> list[str]:
+        """The `nodes` whose heartbeat counter moves (a join request outlives its node)."""
+        first = self.store.heartbeats(nodes)
+        time.sleep(2.5 * self.heartbeat.interval_s)
+        then = self.store.heartbeats(nodes)
+        return [n for n in nodes if n == self.node_id or then[n] != first[n]]
 
     def _wait_plan(self, gen: int) -> Plan:
         deadline = time.monotonic() + self.cfg.plan_wait_s

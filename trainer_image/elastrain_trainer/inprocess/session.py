@@ -65,7 +65,7 @@ class InProcessRuntime:
         self.member = Member(MemberConfig(
             node_id=cfg.node_id, store_host=cfg.store_host, store_port=cfg.store_port,
             run_id=cfg.run_id, expected=cfg.replicas,
-            plan=PlanConfig(global_batch, micro_batch, max_world=cfg.replicas,
+            plan=PlanConfig(global_batch, micro_batch, max_world=cfg.max_replicas,
                             min_world=cfg.min_replicas),
             heartbeat_timeout_s=cfg.heartbeat_timeout_s))
         self.member.wait_alone()
