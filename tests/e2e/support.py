@@ -5,6 +5,12 @@ The trainers' records (one JSON object per stdout line, elastrain_trainer.events
 ground truth for training continuity: `LogCollector` follows every worker pod's log from the
 moment it starts until its container ends, so the records of an evicted pod are kept after the
 pod object is gone.
+
+Both recovery modes (spec.recovery.mode, docs/recovery.md) are driven the same way; what differs
+is what a recovery leaves in the records: in Restart mode every worker process starts again and
+the group resumes from a checkpoint (a `resumed` record), in InProcess mode the survivors keep
+their processes and change generation (a `regroup` record), so the measures below come in both
+shapes, and `processes` reads the survivors' trainer processes from the node itself.
 """
 
 from __future__ import annotations
@@ -205,6 +211,33 @@ def steps_lost_at(collector: LogCollector, since: float) -> int:
     return max(0, before - int(resumes[0]["step"])) if resumes else before
 
 
+def first_step_after_change(collector: LogCollector, since: float) -> dict[str, Any] | None:
+    """InProcess mode: the first step trained after the first generation change (`regroup`) or
+    checkpoint resume (`resumed`: a start after the whole group stopped) that came after `since`."""
+    marks = [float(r["time"]) for kind in ("regroup", "resumed")
+             for r in collector.events(kind) if float(r["time"]) > since]
+    if not marks:
+        return None
+    steps = [r for r in collector.events("step") if float(r["time"]) >= min(marks)]
+    return steps[0] if steps else None
+
+
+def steps_retrained(collector: LogCollector, since: float) -> int:
+    """Steps that had been trained and were trained again after `since`, whatever undid them (a
+    checkpoint resume, a generation healed at an older step): for each step record after
+    `since`, how many higher steps had already been logged. Only records from the last step
+    before `since` on count, so steps an earlier fault lost and retrained are not counted here.
+    """
+    steps = collector.events("step")
+    start = max((i for i, r in enumerate(steps) if float(r["time"]) <= since), default=0)
+    lost, highest = 0, 0
+    for r in steps[start:]:
+        if float(r["time"]) > since:
+            lost = max(lost, highest - (int(r["step"]) - 1))
+        highest = max(highest, int(r["step"]))
+    return lost
+
+
 def evict(kubectl: Kubectl, namespace: str, pod: str) -> float:
     """Evicts a pod through the Eviction API (as a drain or a spot handler does); returns when."""
     body = {"apiVersion": "policy/v1", "kind": "Eviction",
@@ -213,6 +246,56 @@ def evict(kubectl: Kubectl, namespace: str, pod: str) -> float:
     kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", "-f", "-",
             input_text=json.dumps(body))
     return at
+
+
+# spec.recovery.mode values, and the ids the scenarios run under.
+RESTART, INPROCESS = "Restart", "InProcess"
+RECOVERY_MODES = {"restart": RESTART, "inprocess": INPROCESS}
+
+
+def recovery_spec(mode: str) -> Manifest:
+    """The TrainingJob spec fields for a recovery mode: Restart is the default, so its job
+    leaves the field out, as every job did before spec.recovery existed."""
+    return {} if mode == RESTART else {"recovery": {"mode": mode}}
+
+
+# The node's containerd state (hack/cluster.py --tier node), where each task's init PID is.
+CONTAINERD_TASKS = Path("/run/elastrain-node/containerd/io.containerd.runtime.v2.task/k8s.io")
+
+
+def container_pid(kubectl: Kubectl, namespace: str, pod: str) -> int:
+    """The host PID of the pod's trainer container's first process (the torchrun agent)."""
+    status = kubectl.json("get", "pod", pod, "-n", namespace)["status"]
+    (trainer,) = [c for c in status["containerStatuses"] if c["name"] == "trainer"]
+    container_id = trainer["containerID"].split("://", 1)[1]
+    return int((CONTAINERD_TASKS / container_id / "init.pid").read_text())
+
+
+def child_processes(pid: int) -> frozenset[tuple[int, int]]:
+    """(PID, start time in clock ticks) of each live child of `pid`: the agent's worker
+    processes. The start time tells a new process from an old one that had the same PID."""
+    children = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # fields[0] is field 3 of proc(5)
+        if int(fields[1]) == pid:
+            children.add((int(entry.name), int(fields[19])))
+    return frozenset(children)
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One worker pod's trainer as the node runs it: the pod object, how often the kubelet
+    restarted its container, and the worker processes its torchrun agent runs."""
+
+    uid: str
+    restart_count: int
+    workers: frozenset[tuple[int, int]]
 
 
 @dataclass
@@ -225,6 +308,7 @@ class Training:
     ns: str
     job: str
     logs: LogCollector
+    mode: str = RESTART
 
     @staticmethod
     def worker_selector(job: str) -> str:
@@ -263,6 +347,28 @@ class Training:
     def resumed_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
         return wait_for("a training step after the resume",
                         lambda: first_step_after(self.logs, since), timeout=timeout)
+
+    def recovered_after(self, since: float, timeout: float = 240) -> dict[str, Any]:
+        """The first step trained after the recovery from a loss at `since`, in this job's
+        mode: after the resume (Restart) or the next generation (InProcess)."""
+        if self.mode == RESTART:
+            return self.resumed_after(since, timeout)
+        return wait_for("a training step after the regroup",
+                        lambda: first_step_after_change(self.logs, since), timeout=timeout)
+
+    def processes(self) -> dict[str, Incarnation]:
+        """Every live worker pod's trainer incarnation, read from the node's /proc."""
+        out = {}
+        for pod in self.workers():
+            name = pod["metadata"]["name"]
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            trainer: dict[str, Any] = next((c for c in statuses if c["name"] == "trainer"), {})
+            if not trainer.get("state", {}).get("running"):
+                continue  # not started yet (a replacement), or ending
+            out[name] = Incarnation(uid=pod["metadata"]["uid"],
+                                    restart_count=int(trainer.get("restartCount", 0)),
+                                    workers=child_processes(container_pid(self.k, self.ns, name)))
+        return out
 
     def counters(self) -> tuple[int, int]:
         """(preemptions, restarts) from the job's status."""
