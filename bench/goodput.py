@@ -10,10 +10,24 @@ Per checkpoint interval (ELASTRAIN_CHECKPOINT_INTERVAL_STEPS), one run each of:
   term     every P seconds of training, SIGTERM the oldest agent (notice: LocalCluster.preempt)
            and start a replacement (add_agent);
   kill     the same with SIGKILL of the agent and its worker (no notice: LocalCluster.kill);
+  ip-term  the same as term with in-process recovery (spec.recovery.mode InProcess): each agent
+           runs torchrun standalone, the trainers form the job's world over the store, survivors
+           keep their processes and regroup; the replacement joins with state from a live peer;
+  ip-kill  the same as kill, in process;
 and, for the first interval only, term and kill again with the rendezvous hosted by worker 0's
 agent (`host-term`, `host-kill`: c10d is_host=true on slot 0, what Kubeflow's PyTorchJob does)
 instead of elastrain's own store; there the lost worker is always slot 0, the store's host,
 and every agent that exits non-zero is restarted after --restart-delay (a pod's restartPolicy).
+
+--nodes N (default 2) workers of minimum --min-nodes (default N): the in-process variants can
+only keep training at a smaller world when --min-nodes < --nodes (with 2:2 a loss stops every
+node, as in restart mode); compare them with `--nodes 3 --min-nodes 2` (the e2e job's shape).
+The global batch is 4 x nodes (micro-batch 2), so both world sizes split it.
+
+In process, an event's resume is the coordinator's first `regroup` record after it (reason
+leave or fail): steps lost = last step trained before it - its step; recovery = signal -> first
+step after it. The replacement's later join (a `join` regroup) pauses the survivors briefly;
+that pause is in the run's wall time, hence in its cost per event.
 
 P counts seconds of *training* between events: an event fires P s after the first step that
 followed the previous recovery. Goodput = wall(a) / wall(run), wall = cluster start -> the
@@ -84,6 +98,27 @@ def analyse_event(records: Sequence[Record], at: float) -> EventOutcome:
     return EventOutcome(at, int(resume["step"]), lost, recovery)
 
 
+def first_regroup_after(records: Sequence[Record], at: float) -> Record | None:
+    """In process: the generation that answered a loss at `at` (not a later join's)."""
+    regroups = [r for r in records if r["event"] == "regroup" and float(r["time"]) > at
+                and r.get("reason") in ("leave", "fail")]
+    return min(regroups, key=lambda r: float(r["time"])) if regroups else None
+
+
+def analyse_inprocess_event(records: Sequence[Record], at: float) -> EventOutcome:
+    """Steps lost and recovery time of an in-process loss at wall time `at`."""
+    regroup = first_regroup_after(records, at)
+    if regroup is None:
+        return EventOutcome(at, None, None, None)
+    t_regroup = float(regroup["time"])
+    before = [int(r["step"]) for r in records
+              if r["event"] == "step" and float(r["time"]) < t_regroup]
+    lost = max(0, max(before, default=0) - int(regroup["step"]))
+    step = first_step_after(records, t_regroup)
+    recovery = None if step is None else round(float(step["time"]) - at, 3)
+    return EventOutcome(at, int(regroup["step"]), lost, recovery)
+
+
 def recovery_phases(records: Sequence[Record], at: float) -> dict[str, float | None]:
     """Seconds from the loss at `at` to each milestone of its recovery (pure): the SIGTERM
     save committed (`saved`, None without notice), the new workers up (their checkpoint
@@ -150,9 +185,10 @@ def _round(x: float | None) -> float | None:
 
 # ---- shell: clusters and events ------------------------------------------------------------
 
-def job_env(run_dir: Path, steps: int, interval: int, step_sleep: float) -> dict[str, str]:
+def job_env(run_dir: Path, steps: int, interval: int, step_sleep: float,
+            nodes: int = 2) -> dict[str, str]:
     return {"ELASTRAIN_MODEL": "gpt-tiny", "ELASTRAIN_SEQ_LEN": "32",
-            "ELASTRAIN_GLOBAL_BATCH_SIZE": "8", "ELASTRAIN_MICRO_BATCH_SIZE": "2",
+            "ELASTRAIN_GLOBAL_BATCH_SIZE": str(4 * nodes), "ELASTRAIN_MICRO_BATCH_SIZE": "2",
             "ELASTRAIN_STEPS": str(steps), "ELASTRAIN_WARMUP_STEPS": "4",
             "ELASTRAIN_LR": "3e-3", "ELASTRAIN_METRICS_PORT": "0",
             "ELASTRAIN_CHECKPOINT_KEEP": "2",
@@ -227,6 +263,34 @@ def hosted_cluster_class() -> type:
     return HostedCluster
 
 
+def inprocess_cluster_class() -> type:
+    """LocalCluster whose agents run what an InProcess worker pod runs: torchrun standalone
+    (one rank, restarted in place), the trainers' membership on the cluster's store."""
+    from elastrain_trainer.launch.cluster import Agent, LocalCluster
+
+    @dataclass
+    class InProcessCluster(LocalCluster):
+        def add_agent(self) -> Agent:
+            name = f"agent-{len(self.agents)}"
+            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1",
+                   "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{self._port}",
+                   "ELASTRAIN_NODE_ID": name, "ELASTRAIN_RUN_ID": self.job_id,
+                   "ELASTRAIN_REPLICAS": str(self.max_nodes),
+                   "ELASTRAIN_MAX_REPLICAS": str(self.max_nodes),
+                   "ELASTRAIN_MIN_REPLICAS": str(self.min_nodes)}
+            cmd = [sys.executable, "-m", "elastrain_trainer.launch", "--standalone",
+                   "--nnodes=1", "--nproc-per-node=1", "--max-restarts=100",
+                   "--monitor-interval=0.5", *self.entry]
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            agent = Agent(name, proc, self.out_dir / f"{name}.log")
+            self.agents.append(agent)
+            threading.Thread(target=self._pump, args=(agent,), daemon=True).start()
+            return agent
+
+    return InProcessCluster
+
+
 def lose_worker(cluster: Any, kind: str) -> None:
     """SIGTERM (term) or SIGKILL (kill) the oldest live agent (slot 0 when hosted) and start
     its replacement at once."""
@@ -249,7 +313,8 @@ def finished(records: Sequence[tuple[str, Record]]) -> bool:
 def recovered_step(cluster: Any, at: float) -> Record | None:
     with cluster._cond:
         recs = [r for _, r in cluster.records]
-    resume = first_resume_after(recs, at)
+    resume = (first_regroup_after(recs, at) if getattr(cluster, "in_process", False)
+              else first_resume_after(recs, at))
     return None if resume is None else first_step_after(recs, float(resume["time"]))
 
 
@@ -278,18 +343,21 @@ def drive_events(cluster: Any, kind: str, events: int, period: float,
 
 
 def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hosted: bool,
-            events: int, period: float, timeout: float,
-            restart_delay: float) -> tuple[float, list[Record], list[float], dict[str, Any]]:
+            events: int, period: float, timeout: float, restart_delay: float,
+            nodes: int = 2, min_nodes: int = 2, in_process: bool = False,
+            ) -> tuple[float, list[Record], list[float], dict[str, Any]]:
     from elastrain_trainer.launch.cluster import LocalCluster
 
-    cls: Callable[..., Any] = hosted_cluster_class() if hosted else LocalCluster
+    cls: Callable[..., Any] = (hosted_cluster_class() if hosted else
+                               inprocess_cluster_class() if in_process else LocalCluster)
     kwargs: dict[str, Any] = {"restart_delay": restart_delay} if hosted else {}
-    cluster = cls(env, 2, 2, run_dir / "logs", job_id=name, on_record=lambda a, r: None,
-                  **kwargs)
+    cluster = cls(env, min_nodes, nodes, run_dir / "logs", job_id=name,
+                  on_record=lambda a, r: None, **kwargs)
+    cluster.in_process = in_process
     start = time.time()
     times: list[float] = []
     try:
-        cluster.start(2)
+        cluster.start(nodes)
         if kind is not None:
             times = drive_events(cluster, kind, events, period, timeout)
         if not cluster.wait_for(finished, timeout):
@@ -303,7 +371,8 @@ def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hos
     finally:
         cluster.stop()
     extra = {"agent_restarts": getattr(cluster, "restarts", 0),
-             "resumes": sum(r["event"] == "resumed" for r in recs)}
+             "resumes": sum(r["event"] == "resumed" for r in recs),
+             "regroups": sum(r["event"] == "regroup" for r in recs)}
     return end - start, recs, times, extra
 
 
@@ -318,6 +387,8 @@ class Plan:
     period: float
     intervals: list[int]
     step_sleep: float
+    nodes: int
+    min_nodes: int
     restart_delay: float
     timeout: float
     out: Path
@@ -329,11 +400,14 @@ def run_variant(plan: Plan, interval: int, name: str, kind: str | None, hosted: 
                 baseline: float | None) -> float:
     label = f"{name}/i{interval}"
     run_dir = plan.work / f"{name}-i{interval}"
-    env = job_env(run_dir, plan.steps, interval, plan.step_sleep)
+    in_process = name.startswith("ip-")
+    env = job_env(run_dir, plan.steps, interval, plan.step_sleep, plan.nodes)
     wall, recs, times, extra = run_one(label.replace("/", "-"), env, run_dir, kind, hosted,
                                        plan.events, plan.period, plan.timeout,
-                                       plan.restart_delay)
-    outcomes = [analyse_event(recs, t) for t in times]
+                                       plan.restart_delay, plan.nodes, plan.min_nodes,
+                                       in_process)
+    analyse = analyse_inprocess_event if in_process else analyse_event
+    outcomes = [analyse(recs, t) for t in times]
     row = summarize_run(name, wall, baseline if baseline is not None else wall, outcomes)
     phases = [recovery_phases(recs, t) for t in times]
     row.update(interval_steps=interval, **extra, event_times=[round(t, 3) for t in times],
@@ -376,14 +450,18 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--restart-delay", type=float, default=0.5,
                         help="hosted variant: seconds before a crashed agent is restarted")
-    parser.add_argument("--variants", default="term,kill,host-term,host-kill")
+    parser.add_argument("--variants", default="term,kill,host-term,host-kill",
+                        help="of term, kill, ip-term, ip-kill, host-term, host-kill")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--min-nodes", type=int, default=None, help="default: --nodes")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "goodput.json")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-goodput")
     args = parser.parse_args()
     plan = Plan(args.steps, args.events, args.period,
                 [int(x) for x in args.intervals.split(",")], args.step_sleep,
-                args.restart_delay, args.timeout, args.out, args.work)
+                args.nodes, args.min_nodes or args.nodes, args.restart_delay, args.timeout,
+                args.out, args.work)
     wanted = args.variants.split(",")
     load_before = machine_load()
     started = time.time()
@@ -395,7 +473,8 @@ def main() -> int:
             if hosted and i > 0:
                 continue  # the store comparison needs one interval only
             try:
-                run_variant(plan, interval, name, name.removeprefix("host-"), hosted, base)
+                kind = name.removeprefix("host-").removeprefix("ip-")
+                run_variant(plan, interval, name, kind, hosted, base)
             except RuntimeError as e:  # record it and go on: the other variants still count
                 print(f"{name}/i{interval}: FAILED: {e}", flush=True)
                 plan.runs.append({"variant": name, "interval_steps": interval, "error": str(e)})

@@ -84,3 +84,19 @@ def test_recovery_phases_split_a_recovery_into_its_milestones(goodput: ModuleTyp
         "saved": 0.5, "workers_up": 6.0, "resumed": 7.0, "first_step": 7.5}
     # No notice: no stop save.
     assert goodput.recovery_phases(records[3:], 2.0)["saved"] is None
+
+
+def test_an_inprocess_event_is_answered_by_the_first_leave_or_fail_regroup(
+        goodput: ModuleType) -> None:
+    def regroup(n: int, t: float, reason: str) -> dict[str, Any]:
+        return {"event": "regroup", "step": n, "time": t, "reason": reason}
+
+    records = [step(1, 1.0), step(2, 2.0), regroup(2, 0.5, "start"),
+               # killed at 2.5 while step 3 ran: step 3 was trained on a survivor (t 2.9) but the
+               # regroup went back to the committed step 2; the replacement's join comes later.
+               step(3, 2.9), regroup(2, 4.6, "fail"), step(3, 5.0), step(4, 6.0),
+               regroup(4, 6.5, "join"), step(5, 7.0)]
+    out = goodput.analyse_inprocess_event(records, 2.5)
+    assert (out.resumed_step, out.steps_lost, out.recovery_s) == (2, 1, 2.5)
+    # A loss nothing answered yet (only a join after it) is unresolved, not a zero.
+    assert goodput.analyse_inprocess_event(records, 6.2).recovery_s is None
