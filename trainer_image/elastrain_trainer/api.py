@@ -460,6 +460,9 @@ class Session:
         assert _inprocess is not None
         self.manager.wait()  # a save never spans two generations
         if _inprocess.member.change(self.step) is None:
+            if _inprocess.member.dissolving:
+                self._dissolve()
+                return
             emit("left", node=_inprocess.member.node_id, step=self.step)
             self.stopped, self.exit_code, self._left = True, 0, True
             return
@@ -468,6 +471,24 @@ class Session:
         _groups = self._groups = groups
         self.manager.pg = self._groups.checkpoint
         self._settle()
+
+    def _dissolve(self) -> None:
+        """Too few nodes remain for the smallest world (a drain, a SIGTERM to every node): as
+        in restart mode, every node saves this step on the old group, then ends; a signalled
+        node exits 0, the others EXIT_RESTART (the launcher restarts them in place as new nodes,
+        which start the next generation from this checkpoint with the replacements)."""
+        global _groups
+        assert _inprocess is not None
+        signalled = _inprocess.member.signalled
+        emit("stopping", rank=self.denv.rank, step=self.step, signalled=signalled,
+             reason="below the smallest world")
+        if not self.manager.holds(self.step):  # a save of this step may have run already
+            self.manager.save(self._request(), blocking=True)
+        _groups = None
+        del self._groups
+        _inprocess.member.dissolve()
+        self.stopped, self._left = True, True
+        self.exit_code = 0 if signalled else EXIT_RESTART
 
     def _recover(self, error: str, *, in_body: bool) -> None:
         """A peer lost without notice (docs/recovery.md section 8): leave this generation,

@@ -43,9 +43,6 @@ def pod_env(root: Path, node: str, port: int, run: str, replicas: int,
             **extra: str) -> dict[str, str]:
     """What the operator renders for one worker pod in InProcess mode (the PET_* contract)."""
     return {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
-            **trainer_env(root, **{"STEPS": "80", "GLOBAL_BATCH_SIZE": "12",
-                                   "CHECKPOINT_INTERVAL_STEPS": "10", "CHECKPOINT_KEEP": "100",
-                                   "STEP_SLEEP_SECONDS": "0.1", **extra}),
             "PET_STANDALONE": "1", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
             "PET_MAX_RESTARTS": "1000000", "PET_MONITOR_INTERVAL": "0.5",
             "PET_SHUTDOWN_TIMEOUT": "25",
@@ -53,7 +50,10 @@ def pod_env(root: Path, node: str, port: int, run: str, replicas: int,
             "ELASTRAIN_NODE_ID": node, "ELASTRAIN_RUN_ID": run,
             "ELASTRAIN_REPLICAS": str(replicas), "ELASTRAIN_MIN_REPLICAS": "1",
             "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_S),
-            "ELASTRAIN_TERMINATION_LOG": str(root / f"{node}.termination")}
+            "ELASTRAIN_TERMINATION_LOG": str(root / f"{node}.termination"),
+            **trainer_env(root, **{"STEPS": "80", "GLOBAL_BATCH_SIZE": "12",
+                                   "CHECKPOINT_INTERVAL_STEPS": "10", "CHECKPOINT_KEEP": "100",
+                                   "STEP_SLEEP_SECONDS": "0.1", **extra})}
 
 
 class Pods:
@@ -133,10 +133,11 @@ def seconds(rfc3339: str) -> float:
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
-def start_three(pods: Pods, ports: dict[str, int] | None = None) -> dict[str, int]:
+def start_three(pods: Pods, ports: dict[str, int] | None = None,
+                **extra: str) -> dict[str, int]:
     for node in ("a", "b", "c"):
-        extra = {"METRICS_PORT": str(ports[node])} if ports else {}
-        pods.start(node, 3, **extra)
+        port = {"METRICS_PORT": str(ports[node])} if ports else {}
+        pods.start(node, 3, **port, **extra)
     wait_for(lambda: pods.stepped() >= 10, "step 10 at world 3", timeout=180)
     pids = {n: pods.worker_pid(n) for n in pods.procs}
     assert None not in pids.values(), pids
@@ -263,4 +264,63 @@ def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
     steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
     assert [s for s, _ in steps] == list(range(1, 81)), steps
     assert steps[0][1] == 2 and steps[-1][1] == 3
+
+
+def stopping_step(pods: Pods, nodes: tuple[str, ...]) -> int:
+    stops = {r["step"] for n in nodes for r in pods.records(n) if r["event"] == "stopping"}
+    assert len(stops) == 1, stops
+    return stops.pop()
+
+
+# No periodic checkpoint: the only one to resume from is the one the stop saves.
+NO_PERIODIC = {"CHECKPOINT_INTERVAL_STEPS": "1000"}
+
+
+def resume_with_replacements(pods: Pods, names: tuple[str, ...], replicas: int) -> None:
+    for node in names:
+        pods.start(node, replicas, MIN_REPLICAS="2", **NO_PERIODIC)
+
+
+def assert_resumed_with_nothing_lost(pods: Pods, stopped: int) -> None:
+    resumed = [r for r in pods.all_records() if r["event"] == "resumed"]
+    assert resumed and {r["step"] for r in resumed} == {stopped}, resumed
+    steps = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert steps == list(range(1, 81)), steps  # every step once: 0 lost
+
+
+def test_sigterm_to_every_launcher_saves_the_step_and_the_replacements_resume_from_it(
+        pods: Pods) -> None:
+    start_three(pods, **NO_PERIODIC)
+    for node in ("a", "b", "c"):
+        pods.procs[node].send_signal(signal.SIGTERM)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    stopped = stopping_step(pods, ("a", "b", "c"))
+    assert (pods.root / "ckpt" / f"step-{stopped:08d}").is_dir()
+    resume_with_replacements(pods, ("a2", "b2", "c2"), 3)
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, {n: pods.log(n) for n in codes}
+    assert_resumed_with_nothing_lost(pods, stopped)
+
+
+def test_a_leave_below_min_replicas_saves_the_step_and_restarts_the_survivor_in_place(
+        pods: Pods) -> None:
+    """min 2: a drain evicts a and b; c alone is below the smallest world. All three save the
+    step on the old group; a and b exit 0, c's worker exits EXIT_RESTART and its launcher
+    restarts it in place (node c.1), which starts the next generation with the replacements
+    a2 and b2 from that checkpoint: 0 steps lost."""
+    for node in ("a", "b", "c"):
+        pods.start(node, 3, MIN_REPLICAS="2", **NO_PERIODIC)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 3", timeout=180)
+    first = pods.worker_pid("c")
+    for node in ("a", "b"):
+        pods.procs[node].send_signal(signal.SIGTERM)
+    assert {n: pods.procs[n].wait(timeout=120) for n in ("a", "b")} == {"a": 0, "b": 0}
+    wait_for(lambda: pods.worker_pid("c") not in (None, first), "c's worker restarted")
+    assert pods.procs["c"].poll() is None  # in place: the pod did not end
+    stopped = stopping_step(pods, ("a", "b", "c"))
+    resume_with_replacements(pods, ("a2", "b2"), 3)
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, {n: pods.log(n) for n in codes}
+    assert_resumed_with_nothing_lost(pods, stopped)
 

@@ -15,6 +15,7 @@ from elastrain_trainer.inprocess.membership import (
     Requests,
     choose_world_size,
     plan_generation,
+    plan_stop,
 )
 
 CFG = PlanConfig(global_batch=12, micro_batch=2, max_world=3, min_world=1)
@@ -81,6 +82,16 @@ def test_no_survivor_at_the_step_means_no_plan() -> None:
     with pytest.raises(NoQuorumError, match="cannot be healed"):
         plan_generation(started("a", "b"), Requests(step=5, leaving=frozenset("ab"),
                                                     joining=("x",)), CFG)
+
+
+def test_a_stop_generation_has_nobody_and_round_trips() -> None:
+    old = started("a", "b", "c")
+    with pytest.raises(NoQuorumError):  # every node leaves: no world to plan
+        plan_generation(old, Requests(step=12, leaving=frozenset("abc")), CFG)
+    stop = plan_stop(old, 12)
+    assert (stop.gen, stop.step, stop.nodes, stop.world_size, stop.reason) == (
+        2, 12, (), 0, "stop")
+    assert Plan.from_json(stop.to_json()) == stop and stop.reason in m.REASONS
 
 
 def test_config_is_validated() -> None:

@@ -42,6 +42,7 @@ from elastrain_trainer.inprocess.membership import (
     PlanConfig,
     Requests,
     plan_generation,
+    plan_stop,
     successor_order,
 )
 from elastrain_trainer.inprocess.store import MembershipStore
@@ -87,6 +88,7 @@ class Member:
         self.last: Change | None = None
         self.signalled = False
         self._leave_sent = False
+        self.dissolving = False  # the next generation is a stop (too few nodes remain)
 
     def _connect(self) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
@@ -269,13 +271,19 @@ class Member:
     def _advance(self, old: Plan, req: Requests, pending: int, seq: int) -> None:
         if not self.store.try_advance(old.gen):
             return  # another would-be coordinator won; its plan is the one to follow
-        plan = plan_generation(old, req, self.cfg.plan)
+        try:
+            plan = plan_generation(old, req, self.cfg.plan)
+        except NoQuorumError:  # below the smallest world: every node saves and ends
+            plan = plan_stop(old, req.step)
         self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
         if old.gen >= 2:
             self.store.forget(old.gen - 1, old.nodes)
 
     def _follow(self, old: Plan) -> Plan | None:
         plan = self._wait_plan(old.gen + 1)
+        if plan.reason == "stop":
+            self.dissolving = True  # the old group stays for the Session's last save
+            return None
         if self.node_id not in plan.nodes:
             regroup.destroy()
             self.plan = None
@@ -314,6 +322,13 @@ class Member:
                 self._advance(old, req, pending, seq)
             time.sleep(0.02)
         return self._follow(old)
+
+    def dissolve(self) -> None:
+        """After a stop's last save: leave the old group for good."""
+        self.groups = None
+        regroup.destroy()
+        self.plan = None
+        self.heartbeat.stop()
 
     def finish(self, step: int) -> None:
         """Training done: the coordinator tells waiting nodes; everyone stops beating."""

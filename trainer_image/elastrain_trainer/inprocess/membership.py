@@ -22,7 +22,7 @@ PENDING_KEY = "pending"  # a counter bumped with each change request (add)
 JOIN_SEQ_KEY = "join/seq"  # a counter: join requests are numbered (a store cannot list keys)
 DONE_KEY = "done"        # {"step"}: training finished; waiting joiners exit 0
 
-REASONS = ("start", "leave", "join", "fail")
+REASONS = ("start", "leave", "join", "fail", "stop")
 
 
 def store_prefix(run_id: str) -> str:
@@ -178,6 +178,15 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
                 world_size=world, nodes=nodes, heal=heal,
                 reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
                 accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares)
+
+
+def plan_stop(current: Plan, step: int) -> Plan:
+    """The generation after `current` when too few nodes remain for the smallest world (a
+    drain, a SIGTERM to every node): nobody trains in it. Every node of `current` saves `step`
+    on the old group and ends; the next nodes to join find no live node in it and start a new
+    generation from that checkpoint."""
+    return Plan(gen=current.gen + 1, step=step, world_size=0, nodes=(), heal={},
+                reason="stop", global_batch=current.global_batch, accum=0)
 
 
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:

@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ELASTRAIN_RECOVERY") == "inProcess" and left_cleanly():
             print("elastrain launch: signalled; the worker left the job cleanly", file=sys.stderr,
                   flush=True)
-            return 0
+            sys.stdout.flush()
+            # Not a normal interpreter exit: the signalled agent's C++ threads (its standalone
+            # rendezvous) can abort finalization ("terminate called without an active
+            # exception", seen once here), which would turn this exit 0 into SIGABRT.
+            os._exit(0)
         raise
     return 0
 
