@@ -324,3 +324,28 @@ def test_a_leave_below_min_replicas_saves_the_step_and_restarts_the_survivor_in_
     assert set(codes.values()) == {0}, {n: pods.log(n) for n in codes}
     assert_resumed_with_nothing_lost(pods, stopped)
 
+
+def test_two_pods_killed_a_second_apart_the_survivor_trains_on_alone(pods: Pods) -> None:
+    """min 1: b's pod and, 1 s later, c's are SIGKILLed. a's launcher never ends: a regroups
+    at world 1 (a node that reported and then went silent counts as dead), or, when a plan
+    still named c, its worker exits EXIT_RESTART and comes back in place as a.1, which starts
+    from the newest checkpoint. Either way the job finishes in a's pod, every step trained."""
+    start_three(pods)
+    wait_for(lambda: pods.stepped() >= 12, "step 12 (the checkpoint of step 10 committed)")
+    killed_at = time.time()
+    pods.kill_pod("b")
+    time.sleep(1.0)
+    pods.kill_pod("c")
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": -signal.SIGKILL, "c": -signal.SIGKILL}, pods.log("a")
+    recs = pods.records("a")
+    regroups = [(r["gen"], r["world_size"], r["reason"], r["node"]) for r in recs
+                if r["event"] == "regroup" and r["time"] > killed_at]
+    print(f"after the two kills: {regroups}")
+    assert regroups and regroups[-1][1] == 1, regroups
+    first_alone = next(r for r in recs if r["event"] == "step" and r["time"] > killed_at
+                       and r["world_size"] == 1)
+    print(f"first step at world 1 {first_alone['time'] - killed_at:.2f} s after the first kill")
+    steps = {r["step"] for r in pods.all_records() if r["event"] == "step"}
+    assert steps == set(range(1, 81))
+

@@ -316,9 +316,12 @@ class Member:
             if not waiting and order and order[0] == self.node_id:
                 pending = self.store.pending()
                 seq, joining = self.store.joins_after(old.join_seq)
-                req = Requests(step=max(reports.values()), dead=frozenset(old.nodes) - set(reports),
+                # A node that reported and died since (a second loss) is dead all the same.
+                alive = {n: s for n, s in reports.items() if n not in dead}
+                req = Requests(step=max(alive.values()),
+                               dead=(frozenset(old.nodes) - set(alive)),
                                leaving=self.store.leaving(old.nodes), joining=tuple(joining),
-                               steps=reports)
+                               steps=alive)
                 self._advance(old, req, pending, seq)
             time.sleep(0.02)
         return self._follow(old)
