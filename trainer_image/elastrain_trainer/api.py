@@ -459,7 +459,7 @@ class Session:
         global _groups
         assert _inprocess is not None
         self.manager.wait()  # a save never spans two generations
-        if _inprocess.member.change(self.step) is None:
+        if _inprocess.change(self.step) is None:
             if _inprocess.member.dissolving:
                 self._dissolve()
                 return

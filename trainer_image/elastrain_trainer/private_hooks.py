@@ -18,6 +18,10 @@ torch (launch/agent.py; checked when `python -m elastrain_trainer.launch` starts
   replacement. Broken: a crashing trainer restarts in place forever, maxRestarts never applies.
   Escape hatch: ELASTRAIN_PLAIN_TORCHRUN=1 runs plain torchrun without either patch (and says
   what is lost); without it a missing hook stops the launcher with exit code 1.
+- In-process recovery only: after the signalled agent's shutdown, its `_pcontext`
+  (`SubprocessContext.subprocess_handlers[rank].proc.returncode`) says whether every worker
+  left cleanly, and then the launcher exits 0. Not enforced: without it the launcher exits 1
+  as torchrun does (the pod still counts as evicted by its DisruptionTarget).
 
 torch (checkpoint/dcp_io.py; checked when the module is imported, i.e. at worker start)
 - `torch._C.PyTorchFileReader`, `torch.serialization._load(..., overall_storage=,

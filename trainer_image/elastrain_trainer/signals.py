@@ -25,6 +25,10 @@ import torch.distributed as dist
 EXIT_OK = 0
 # "Restart me": EX_TEMPFAIL from sysexits.h; distinct from crashes (1) and signals (128+n).
 EXIT_RESTART = 75
+# In-process recovery only: the job's store is gone and a membership change needs it; the
+# launcher ends the pod as a torchrun agent does when it loses its rendezvous store
+# (RendezvousConnectionError), so the pod is replaced and resumes from the newest checkpoint.
+EXIT_STORE_LOST = 76
 
 
 class StopAgreement:

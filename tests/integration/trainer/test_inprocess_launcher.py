@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.launch import rdzv_store
 from elastrain_trainer.ports import free_port
 
 from .conftest import trainer_env
@@ -349,3 +351,89 @@ def test_two_pods_killed_a_second_apart_the_survivor_trains_on_alone(pods: Pods)
     steps = {r["step"] for r in pods.all_records() if r["event"] == "step"}
     assert steps == set(range(1, 81))
 
+
+def serve(port: int) -> subprocess.Popen[bytes]:
+    """The job's store as a process of its own (the store pod's program), empty."""
+    proc = subprocess.Popen(rdzv_store.command("127.0.0.1", port),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: MembershipStore.reachable("127.0.0.1", port), "the store")
+    return proc
+
+
+def test_the_store_lost_and_back_empty_training_goes_on_and_the_next_join_works(
+        tmp_path: Path) -> None:
+    """The job's store is a process of its own here (the store pod's program), SIGKILLed while
+    a and b train and started again, empty, on the same port. Training goes on meanwhile (the
+    process group needs no store); the heartbeat threads notice, reconnect when it answers, and
+    the coordinator restores the current generation into it (section 7: the epoch changed), so
+    a pod that joins afterwards is planned in as usual: world 3."""
+    port = free_port()
+    store = serve(port)
+    pods = Pods(tmp_path, port, "store-lost")
+    try:
+        for node in ("a", "b"):
+            pods.start(node, 2, MAX_REPLICAS="3", STEPS="200")
+        wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+        pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+        store.kill()
+        store.wait()
+        at_loss = pods.stepped()
+        wait_for(lambda: sum(r["event"] == "store_lost" for r in pods.all_records()) == 2,
+                 "both nodes notice the loss")
+        wait_for(lambda: pods.stepped() >= at_loss + 10, "10 more steps without a store")
+        store = serve(port)
+        wait_for(lambda: any(r["event"] == "store_restored" for r in pods.all_records()),
+                 "the coordinator restores the generation")
+        pods.start("c", 3, MAX_REPLICAS="3", STEPS="200")
+        wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "join"
+                             for r in pods.all_records()), "c joins", timeout=180)
+        assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # no worker restarted
+        codes = pods.wait_all()
+    finally:
+        pods.kill_all()
+        store.kill()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    join = next(r for r in pods.all_records() if r["event"] == "regroup"
+                and r["reason"] == "join")
+    assert join["world_size"] == 3, join
+    steps = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert steps == list(range(1, 201)), steps  # every step once, with or without a store
+
+
+def test_a_loss_while_the_store_is_away_ends_the_pod_as_a_lost_rendezvous_does(
+        tmp_path: Path) -> None:
+    """The store is gone and b's pod dies: a cannot regroup without the store. Its launcher
+    ends the pod at once (exit 1, termination message naming RendezvousConnectionError, which
+    the operator counts as the platform's loss and replaces), never waiting on the store; the
+    replacements, once a store is back, resume from the newest checkpoint."""
+    port = free_port()
+    store = serve(port)
+    pods = Pods(tmp_path, port, "store-away")
+    try:
+        for node in ("a", "b"):
+            (tmp_path / f"{node}.termination").touch()  # as Kubernetes creates it
+            pods.start(node, 2)
+        wait_for(lambda: pods.stepped() >= 12, "step 12 (checkpoint 10 committed)", timeout=180)
+        store.kill()
+        store.wait()
+        wait_for(lambda: sum(r["event"] == "store_lost" for r in pods.all_records()) == 2,
+                 "both nodes notice the loss")
+        lost_at = time.monotonic()
+        pods.kill_pod("b")
+        code = pods.procs["a"].wait(timeout=60)
+        ended_s = time.monotonic() - lost_at
+        message = (tmp_path / "a.termination").read_text()
+        assert code == 1, pods.log("a")
+        assert "RendezvousConnectionError" in message, message
+        print(f"b killed with the store away -> a's pod ended in {ended_s:.2f} s: {message}")
+        newest = max(int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*"))
+        store = serve(port)
+        for node in ("a2", "b2"):
+            pods.start(node, 2)
+        codes = {n: pods.procs[n].wait(timeout=240) for n in ("a2", "b2")}
+    finally:
+        pods.kill_all()
+        store.kill()
+    assert codes == {"a2": 0, "b2": 0}, {n: pods.log(n) for n in codes}
+    resumed = [r for r in pods.all_records() if r["event"] == "resumed"]
+    assert [r["step"] for r in resumed] == [newest], resumed

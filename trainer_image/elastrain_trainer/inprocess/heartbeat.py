@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess.membership import Liveness
 from elastrain_trainer.inprocess.store import MembershipStore
 
@@ -26,7 +27,8 @@ MIN_TIMEOUT_S = 2.0
 
 class Heartbeat:
     def __init__(self, connect: Callable[[], MembershipStore], node_id: str, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 probe: Callable[[], bool] = lambda: True) -> None:
         if timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
         self._connect, self.node_id = connect, node_id
@@ -39,6 +41,12 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="elastrain-heartbeat",
                                         daemon=True)
         self.errors = 0
+        # The store lost (section 7): training goes on; this thread probes the store's port
+        # each beat and reconnects once it answers (`reconnects` counts it, for the training
+        # thread's client).
+        self._probe = probe
+        self.lost = False
+        self.reconnects = 0
 
     def start(self) -> Heartbeat:
         self._store = self._connect()
@@ -70,10 +78,28 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.lost and not self._reconnect():
+                continue
             try:
                 self._tick()
-            except Exception:  # store lost: keep beating (section 7)
+            except Exception as e:  # the store lost: train on, reconnect later (section 7)
                 self.errors += 1
+                if not self.lost:
+                    self.lost = True
+                    emit("store_lost", node=self.node_id, error=f"{type(e).__name__}: "
+                                                               f"{' '.join(str(e).split())[:200]}")
+
+    def _reconnect(self) -> bool:
+        if not self._probe():
+            return False
+        try:
+            self._store = self._connect()
+        except Exception:
+            return False
+        self.lost = False
+        self.reconnects += 1
+        emit("store_back", node=self.node_id)
+        return True
 
     def _tick(self) -> None:
         self._store.beat(self.node_id)

@@ -25,6 +25,7 @@ import dataclasses
 import gc
 import signal
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import regroup, rewrap, transfer
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
 from elastrain_trainer.inprocess.membership import (
@@ -82,7 +84,11 @@ class Member:
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.store = self._connect()
-        self.heartbeat = Heartbeat(self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s)
+        self.heartbeat = Heartbeat(
+            self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
+            probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port))
+        self.epoch: str | None = None  # the store's incarnation this node knows
+        self._reconnects = 0
         self.plan: Plan | None = None
         self.groups: Groups | None = None
         self.last: Change | None = None
@@ -110,6 +116,7 @@ class Member:
         timeout: a drain, or every survivor restarted in place) coordinates a new start
         generation, which loads the newest checkpoint as the job's first one does."""
         self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
+        self.epoch = self.store.claim_epoch(uuid.uuid4().hex)
         self.heartbeat.start()
         gen = self.store.generation()
         self.store.request_join(self.node_id)
@@ -245,15 +252,43 @@ class Member:
         all-reduce. `change` when this node was signalled (it asks to leave first) or, on the
         coordinator, when the store's `pending` counter moved since the plan."""
         assert self.plan is not None
-        if self.signalled and not self._leave_sent:
-            self.store.request_leave(self.node_id, step)
-            self._leave_sent = True
-        change = self.signalled
-        if self.rank == 0:
-            change = change or self.store.pending() != self.plan.pending
+        self._follow_store()
+        change = False
+        try:  # while the store is away nothing can change: the leave waits for it
+            if self.signalled and not self._leave_sent:
+                self.store.request_leave(self.node_id, step)
+                self._leave_sent = True
+            change = self._leave_sent
+            if self.rank == 0:
+                change = change or self.store.pending() != self.plan.pending
+        except dist.DistError:
+            pass
         flags = torch.tensor([change, *others], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return tuple(bool(v) for v in flags.tolist())
+
+    def _follow_store(self) -> None:
+        """After the heartbeat thread reconnected to a lost store: this thread's client too.
+        When the store came back empty (its epoch changed: section 7), the coordinator restores
+        the current generation (its number and plan) and every node forgets the old store's
+        counters, so the next leave or join is planned as before."""
+        if self.heartbeat.reconnects == self._reconnects or not MembershipStore.reachable(
+                self.cfg.store_host, self.cfg.store_port):
+            return
+        try:
+            store = self._connect()
+            epoch = store.epoch()
+            assert self.plan is not None
+            plan = dataclasses.replace(self.plan, pending=0, join_seq=0)
+            if epoch != self.epoch and self.rank == 0:
+                epoch = store.claim_epoch(uuid.uuid4().hex)
+                store.restore(plan)
+                emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch)
+        except dist.DistError:
+            return  # away again: the next boundary retries
+        self._reconnects, self.store = self.heartbeat.reconnects, store
+        if epoch != self.epoch:
+            self.epoch, self.plan = epoch, plan
 
     def change(self, step: int) -> Plan | None:
         """Every rank, after boundary() agreed on a change: the coordinator plans the next

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Any, Protocol
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -22,7 +24,11 @@ from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.member import Member, MemberConfig
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 from elastrain_trainer.inprocess.peerloss import PeerLoss
+from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.parallel import DistEnv
+from elastrain_trainer.signals import EXIT_STORE_LOST
+
+T = TypeVar("T")
 
 
 class StatefulLike(Protocol):
@@ -62,12 +68,12 @@ class InProcessRuntime:
     def __init__(self, cfg: InProcessConfig, *, global_batch: int, micro_batch: int) -> None:
         rewrap.check_supported()
         self.cfg = cfg
-        self.member = Member(MemberConfig(
+        self.member = self.needing_store(lambda: Member(MemberConfig(
             node_id=cfg.node_id, store_host=cfg.store_host, store_port=cfg.store_port,
             run_id=cfg.run_id, expected=cfg.replicas,
             plan=PlanConfig(global_batch, micro_batch, max_world=cfg.max_replicas,
                             min_world=cfg.min_replicas),
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s))
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s)))
         self.member.wait_alone()
         self.peer_loss = PeerLoss()
 
@@ -76,9 +82,30 @@ class InProcessRuntime:
         LiveDistEnv._member = self.member
         return live
 
+    def needing_store(self, change: Callable[[], T]) -> T:
+        """Run a step of the protocol that needs the job's store. When it fails because the
+        store is gone (its port does not answer), this process ends as a torchrun agent does
+        on losing its rendezvous store (section 7): EXIT_STORE_LOST, which the launcher turns
+        into a RendezvousConnectionError exit of the pod, so the pod is replaced and resumes
+        from the newest checkpoint. Any other failure is raised as it is."""
+        try:
+            return change()
+        except dist.DistError as e:
+            if MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
+                raise
+            error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        self._store_lost(error)
+
+    def _store_lost(self, error: str) -> NoReturn:
+        print(f"elastrain: RendezvousConnectionError: the job's store {self.cfg.store_host}:"
+              f"{self.cfg.store_port} is lost and a membership change needs it ({error}); "
+              "this pod ends, to be replaced, resuming from the newest checkpoint",
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_STORE_LOST)
+
     def join(self) -> Plan:
         self.member.install_signal()
-        plan = self.member.join()
+        plan = self.needing_store(self.member.join)
         self._export()
         return plan
 
@@ -102,10 +129,14 @@ class InProcessRuntime:
         included), report the committed `step`, enter the next one (None: this node is not in
         it). Call it outside the `except` block that caught the failure."""
         PeerLoss.detach(model)
-        plan = self.member.recover(step, error, model=model)
+        plan = self.needing_store(lambda: self.member.recover(step, error, model=model))
         if plan is not None:
             self._export()
         return plan
+
+    def change(self, step: int) -> Plan | None:
+        """A leave or join agreed at this step boundary: Member.change, needing the store."""
+        return self.needing_store(lambda: self.member.change(step))
 
     def _export(self) -> None:
         # Code that reads torchrun's variables sees the current generation too.

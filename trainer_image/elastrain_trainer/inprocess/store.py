@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -34,6 +35,29 @@ class MembershipStore:
         client = TCPStore(host, port, is_master=False, timeout=timeout,
                                use_libuv=True)
         return cls(client, run_id)
+
+    @staticmethod
+    def reachable(host: str, port: int, timeout_s: float = 0.5) -> bool:
+        """Whether the store's port accepts a connection (a cheap probe before a client, whose
+        connect retries for its whole timeout and logs each try)."""
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
+
+    # -- the store's incarnation (docs/recovery.md section 7) ----------------------------
+    def epoch(self) -> str | None:
+        return self.kv.get(m.EPOCH_KEY).decode() if self.kv.check([m.EPOCH_KEY]) else None
+
+    def claim_epoch(self, candidate: str) -> str:
+        """This store's incarnation: the first claim wins, later ones read the winner's."""
+        return bytes(self.kv.compare_set(m.EPOCH_KEY, "", candidate)).decode()
+
+    def restore(self, plan: Plan) -> None:
+        """The store came back empty: the current generation again, its number and its plan."""
+        self.kv.set(m.GEN_KEY, str(plan.gen))
+        self.publish(plan)
 
     # -- registration and heartbeat ------------------------------------------------------
     def register(self, node_id: str, info: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from elastrain_trainer.faults import CONFIG_PREFIX, EXIT_CONFIG, config_reason
 from elastrain_trainer.launch.agent import (
+    StoreLost,
     WorkerCrashed,
     WorkerMisconfigured,
     left_cleanly,
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         torchrun(argv)
+    except StoreLost as lost:  # in-process mode: ends the pod as a lost rendezvous does
+        report_crash(str(lost))
+        return 1
     except WorkerMisconfigured as error:
         report_crash(str(error))
         return EXIT_CONFIG

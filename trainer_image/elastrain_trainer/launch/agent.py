@@ -44,6 +44,7 @@ from typing import Any
 
 from elastrain_trainer.faults import EXIT_CONFIG, config_reason, crash_reason, is_crash
 from elastrain_trainer.private_hooks import missing, require, require_params
+from elastrain_trainer.signals import EXIT_STORE_LOST
 
 TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
 # What torch puts in a failure's message when the worker left no error file.
@@ -52,6 +53,12 @@ _NO_ERROR_FILE = "To enable traceback see"
 
 class WorkerCrashed(Exception):
     """A worker of this node crashed on its own; the message is the one-line reason."""
+
+
+class StoreLost(Exception):
+    """In-process recovery: a worker exited EXIT_STORE_LOST (the job's store is gone and a
+    membership change needs it); the message says so with RendezvousConnectionError, the word
+    the operator classifies as the platform's loss (a preemption: the pod is replaced)."""
 
 
 class WorkerMisconfigured(WorkerCrashed):
@@ -138,6 +145,17 @@ def left_cleanly() -> bool:
     return codes is not None and all(code == 0 for code in codes.values())
 
 
+def store_lost_of(failures: dict[int, Any]) -> str | None:
+    """In-process mode: the line that ends the pod when a worker exited EXIT_STORE_LOST."""
+    if os.environ.get("ELASTRAIN_RECOVERY") != "inProcess":
+        return None
+    for rank, failure in sorted(failures.items()):
+        if int(failure.exitcode) == EXIT_STORE_LOST:
+            return (f"elastrain: the job's store is lost (RendezvousConnectionError): rank "
+                    f"{rank} needed it for a membership change")
+    return None
+
+
 def patch_crash_budget() -> None:
     """Make torchrun's agent stop the node on a crash (see the module docstring;
     MissingPrivateHook if torch changed what this relies on)."""
@@ -166,6 +184,9 @@ def patch_crash_budget() -> None:
             result = super()._monitor_workers(worker_group)
             if result.state not in failed:
                 return result
+            if lost := store_lost_of(result.failures or {}):
+                worker_group.spec.rdzv_handler.shutdown = lambda: False
+                raise StoreLost(lost)
             if config := config_error_of(result.failures or {}):
                 worker_group.spec.rdzv_handler.shutdown = lambda: False
                 raise WorkerMisconfigured(config)
