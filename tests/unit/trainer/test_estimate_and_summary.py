@@ -128,7 +128,8 @@ def test_progress_document_has_the_operator_fields() -> None:
     assert doc == {"step": 3, "totalSteps": 50, "loss": None, "worldSize": 2,
                    "lastCheckpoint": {"step": 2, "uri": "s3://b/p/step-00000002",
                                       "time": "2024-01-01T00:00:00Z"},
-                   "resumedFromStep": None, "checkpointFallback": None}
+                   "resumedFromStep": None, "checkpointFallback": None,
+                   "recoveryMode": "Restart", "generation": None}
     assert training_since.endswith("Z")
     # 2024-01-01T00:00:00Z: the dashboard's checkpoint age is time() minus this gauge.
     assert metrics.LAST_CHECKPOINT_TIME._value.get() == 1704067200.0
@@ -186,7 +187,8 @@ def test_metrics_server_serves_prometheus_and_progress() -> None:
         doc = json.loads(urllib.request.urlopen(base + "/progress", timeout=5).read())
         assert set(doc) == {"step", "totalSteps", "loss", "worldSize", "lastCheckpoint",
                             "resumedFromStep", "trainingSince", "startedAt", "lastStepTime",
-                            "checkpointHealth", "checkpointFallback", "validation", "memory"}
+                            "checkpointHealth", "checkpointFallback", "validation", "memory",
+                            "recoveryMode", "generation"}
     finally:
         server.shutdown()
 
