@@ -1,20 +1,24 @@
-"""Recovery on the real node: a TrainingJob's worker pods evicted one at a time, as a spot
-notice handler or a drain does, on the one-node cluster the e2e tier uses (kubelet,
-containerd, the operator installed by its chart, MinIO on the pod bridge).
+"""Recovery on the real node, in both recovery modes: a TrainingJob's worker pods lost one at a
+time, with notice (evicted, as a spot notice handler or a drain does) and without (the trainer
+container SIGKILLed), on the one-node cluster the e2e tier uses (kubelet, containerd, the
+operator installed by its chart, MinIO on the pod bridge).
 
-    sudo .venv/bin/python bench/recovery_node.py [--events 12] [--out ...]
-    make bench-recovery-node          # root; ~15 min here with the images cached
+    sudo .venv/bin/python bench/recovery_node.py [--events 6] [--modes restart,inprocess]
+                                                 [--kinds evict,kill] [--out ...]
+    make bench-recovery-node          # root; ~25 min here with the images cached
 
 The job is the e2e suite's (tests/e2e/support.make_job: the kind example, 3 workers, min 2,
-DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps).
-Each event waits until the job is back at full size and training, then evicts one worker
-through the Eviction API, rotating over worker indices 0, 1, 2 (worker 0 would host the
-rendezvous under torchrun's default; here the job's own store does). Per event, from the
-trainers' own records (one JSON object per stdout line, followed from every pod's log):
-recovery = eviction -> first training step after the resume, where the time went (the
-SIGTERM save committed, the new workers up, the checkpoint loaded; bench/goodput.py's
-recovery_phases), and steps lost (last step trained before the eviction - the step the
-resume loaded). The job's status counters must show one preemption per event and no failure.
+DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps), once
+per mode (spec.recovery.mode Restart, then InProcess: one job after the other on the same node,
+the first deleted before the second starts, so they never share the CPU). Per mode, --events
+losses of each kind, alternating kinds and rotating over worker indices 0, 1, 2. Each event
+waits until the job is back at full size and training, then loses one worker. Per event, from
+the trainers' own records (one JSON object per stdout line, followed from every pod's log):
+recovery = loss -> first training step after the resume (Restart: every worker process
+started again, a checkpoint loaded) or after the next generation (InProcess: the survivors
+regroup in their processes); where the time went; steps lost (Restart: last step trained before
+the loss - the step the resume loaded; InProcess: steps trained again after the loss); whether
+the survivors kept their trainer processes (the node's /proc); what the operator counted.
 Writes bench/results/recovery_node.json; summarised in bench/RESULTS.md.
 """
 
@@ -24,11 +28,13 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,39 +43,86 @@ sys.path.insert(0, str(ROOT))
 
 from bench.goodput import recovery_phases  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
+    NodeCluster,
     create_job_namespace,
     install_operator,
     prepare_node,
     running_node,
 )
 from tests.e2e.support import (  # noqa: E402
+    RECOVERY_MODES,
+    RESTART,
     LogCollector,
     Training,
+    container_pid,
     make_job,
+    recovery_spec,
     steps_lost_at,
+    steps_retrained,
     wait_for,
 )
 
-JOB = "recovery"
 REPLICAS = 3
+KINDS = ("evict", "kill")  # with notice (Eviction API -> SIGTERM), without (SIGKILL)
+Record = dict[str, Any]
 
 
-def measure(t: Training, events: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for i in range(events):
+def inprocess_phases(records: Sequence[Record], at: float) -> dict[str, float | None]:
+    """Seconds from the loss at `at` to each milestone of an in-process recovery (pure): the
+    leaver gone (`left`, notice) or a survivor's collective failed (`peer_lost`, no notice),
+    the next generation formed (`regroup`: survivors at the smaller world) and the first step
+    trained in it."""
+    def first(events: tuple[str, ...], after: float) -> float | None:
+        times = [float(r["time"]) for r in records
+                 if r["event"] in events and float(r["time"]) > after]
+        return min(times) if times else None
+
+    regroup = first(("regroup", "resumed"), at)
+    step = None if regroup is None else first(("step",), regroup)
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - at, 3)
+
+    return {"noticed": since(first(("left", "peer_lost"), at)), "regrouped": since(regroup),
+            "first_step": since(step)}
+
+
+def lose(t: Training, pod: str, kind: str) -> float:
+    """Loses `pod` the way `kind` says; returns when."""
+    if kind == "evict":
+        return t.evict(pod)
+    pid = container_pid(t.k, t.ns, pod)
+    at = time.time()
+    os.kill(pid, signal.SIGKILL)  # the whole container: no notice
+    return at
+
+
+def measure(t: Training, events: int, kinds: Sequence[str]) -> list[Record]:
+    rows: list[Record] = []
+    for i in range(events * len(kinds)):
         t.settle(REPLICAS)
         before = t.counters()
-        index = i % REPLICAS
+        kind, index = kinds[i % len(kinds)], i % REPLICAS
         pod = t.worker(index)
-        at = t.evict(pod)
-        first = t.resumed_after(at)
-        wait_for("the preemption counted",
-                 lambda: t.counters()[0] > before[0], timeout=60)  # noqa: B023 (called here)
-        row = {"event": i + 1, "worker_index": index, "pod": pod,
+        processes = t.processes()
+        at = lose(t, pod, kind)
+        first = t.recovered_after(at)
+        counter = 0 if kind == "evict" else 1  # a preemption, or a failure by policy
+        wait_for("the loss counted",
+                 lambda: t.counters()[counter] > before[counter],  # noqa: B023 (called here)
+                 timeout=120)
+        after = t.processes()
+        survivors = {n: inc for n, inc in processes.items() if n != pod}
+        records = list(t.logs.records)
+        row = {"mode": t.mode, "kind": kind, "event": i + 1, "worker_index": index, "pod": pod,
                "recovery_s": round(float(first["time"]) - at, 3),
-               "resumed_from_step": int(first["step"]) - 1,
-               "steps_lost": steps_lost_at(t.logs, at),
-               "phases_s": recovery_phases(list(t.logs.records), at),
+               "world_size": first["world_size"],
+               "steps_lost": (steps_lost_at(t.logs, at) if t.mode == RESTART
+                              else steps_retrained(t.logs, at)),
+               "phases_s": (recovery_phases(records, at) if t.mode == RESTART
+                            else inprocess_phases(records, at)),
+               "survivors_kept_processes": all(after.get(n) == inc
+                                               for n, inc in survivors.items()),
                "counted": [a - b for a, b in zip(t.counters(), before, strict=True)]}
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -77,50 +130,89 @@ def measure(t: Training, events: int) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rec = [float(r["recovery_s"]) for r in rows]
-    lost = [int(r["steps_lost"]) for r in rows]
+def run_mode(node: NodeCluster, mode: str, events: int, kinds: Sequence[str],
+             logs_dir: Path) -> tuple[list[Record], list[Record]]:
+    """One job in `mode` on its own namespace, measured, then deleted; (rows, join regroups)."""
+    job = f"recovery-{mode.lower()}"
+    ns = f"bench-recovery-{uuid.uuid4().hex[:4]}"
+    create_job_namespace(node, ns)
+    # Failures (SIGKILL) are counted against maxRestarts: a budget the bench cannot spend.
+    node.kubectl.apply(make_job(job, ns, image=node.images["trainer"], steps=1_000_000,
+                                s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
+                                restartPolicy={"maxRestarts": 10_000, "backoffSeconds": 1,
+                                               "maxBackoffSeconds": 2},
+                                **recovery_spec(mode)))
+    with LogCollector(node.kubectl, ns, Training.worker_selector(job), logs_dir / job) as logs:
+        rows = measure(Training(node.kubectl, ns, job, logs, mode), events, kinds)
+        joins = [r for r in logs.events("regroup") if r.get("reason") == "join"]
+    node.kubectl("delete", "namespace", ns, "--wait=true", timeout=300)
+    return rows, joins
 
-    def phase(name: str) -> float | None:
-        values = [r["phases_s"][name] for r in rows if r["phases_s"].get(name) is not None]
-        return None if not values else round(statistics.median(values), 2)
 
-    by_index = {str(i): round(statistics.median(
-        [float(r["recovery_s"]) for r in rows if r["worker_index"] == i]), 2)
-        for i in sorted({int(r["worker_index"]) for r in rows})}
-    return {"events": len(rows),
-            "recovery_p50_s": round(statistics.median(rec), 2),
-            "recovery_max_s": round(max(rec), 2),
-            "recovery_p50_by_worker_index_s": by_index,
-            "phases_p50_s": {name: phase(name) for name in
-                             ("saved", "workers_up", "resumed", "first_step")},
-            "steps_lost_max": max(lost),
-            "preemptions_counted": sum(r["counted"][0] for r in rows),
-            "failures_counted": sum(r["counted"][1] for r in rows)}
+def _p50(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def summarize(rows: Sequence[Record], joins: Sequence[Record]) -> dict[str, Any]:
+    """Per mode and kind: recovery p50/max, steps lost, what was counted, survivors kept;
+    the ratio restart p50 / in-process p50 per kind."""
+    out: dict[str, Any] = {}
+    for mode in sorted({r["mode"] for r in rows}):
+        for kind in KINDS:
+            sel = [r for r in rows if r["mode"] == mode and r["kind"] == kind]
+            if not sel:
+                continue
+            rec = [float(r["recovery_s"]) for r in sel]
+            phases = {name: _p50([r["phases_s"][name] for r in sel
+                                  if r["phases_s"].get(name) is not None])
+                      for name in sel[0]["phases_s"]}
+            out[f"{mode}/{kind}"] = {
+                "events": len(sel), "recovery_p50_s": _p50(rec),
+                "recovery_max_s": round(max(rec), 2), "phases_p50_s": phases,
+                "steps_lost_max": max(int(r["steps_lost"]) for r in sel),
+                "survivors_kept_processes": sum(bool(r["survivors_kept_processes"])
+                                                for r in sel),
+                "preemptions_counted": sum(r["counted"][0] for r in sel),
+                "failures_counted": sum(r["counted"][1] for r in sel)}
+    for kind in KINDS:
+        a, b = out.get(f"Restart/{kind}"), out.get(f"InProcess/{kind}")
+        if a and b and b["recovery_p50_s"]:
+            out[f"ratio/{kind}"] = round(a["recovery_p50_s"] / b["recovery_p50_s"], 2)
+    # A join is recorded by the coordinator (a survivor: its pause) and by the healed joiner.
+    pauses = [float(r["regroup_s"]) + float(r["heal_s"]) for r in joins
+              if r.get("healed_from") is None and r.get("regroup_s") is not None]
+    if pauses:
+        out["InProcess/join_pause_p50_s"] = _p50(pauses)
+        out["InProcess/join_pause_max_s"] = round(max(pauses), 2)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=12)
+    parser.add_argument("--events", type=int, default=6, help="losses per mode and kind")
+    parser.add_argument("--modes", default=",".join(RECOVERY_MODES),
+                        help="restart,inprocess (in that order by default)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="evict,kill")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/recovery_node.json")
     args = parser.parse_args(argv)
+    modes = [RECOVERY_MODES[m] for m in args.modes.split(",")]
+    kinds = [k for k in args.kinds.split(",") if k in KINDS]
     images = prepare_node()
     workdir = Path(tempfile.mkdtemp(prefix="elastrain-recovery-node-"))
+    rows: list[Record] = []
+    joins: list[Record] = []
+    started = time.time()
     with running_node(workdir / "node", images) as node:
         install_operator(node)
-        ns = f"bench-recovery-{uuid.uuid4().hex[:4]}"
-        create_job_namespace(node, ns)
-        node.kubectl.apply(make_job(JOB, ns, image=node.images["trainer"], steps=1_000_000,
-                                    s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket))
-        started = time.time()
-        with LogCollector(node.kubectl, ns, Training.worker_selector(JOB),
-                          workdir / "logs") as logs:
-            rows = measure(Training(node.kubectl, ns, JOB, logs), args.events)
+        for mode in modes:
+            mode_rows, mode_joins = run_mode(node, mode, args.events, kinds, workdir / "logs")
+            rows += mode_rows
+            joins += mode_joins
     result = {"bench": "recovery_node", "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
               "machine": {"cpus": len(os.sched_getaffinity(0)),
                           "kernel": platform.release(), "python": platform.python_version()},
-              "wall_s": round(time.time() - started, 1),
-              "summary": summarize(rows), "events": rows}
+              "wall_s": round(time.time() - started, 1), "events_per_mode_and_kind": args.events,
+              "summary": summarize(rows, joins), "events": rows, "joins": joins}
     print(json.dumps(result["summary"], indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
