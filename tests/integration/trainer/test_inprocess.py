@@ -258,3 +258,22 @@ def test_a_killed_worker_costs_survivors_at_most_one_step(
         assert regroup[0]["t"] - killed < 10.0
     finals = {n: final_digest(ev[n]) for n in survivors}
     assert len(set(finals.values())) == 1, finals
+
+
+def test_a_kill_is_planned_around_before_the_heartbeat_timeout(nodes: Nodes,
+                                                                tmp_path: Path) -> None:
+    # With a 10 s timeout (a beat every 2 s), the survivors know a collective failed: the node
+    # that neither reports nor beats for 3 beats (6 s) is planned without, not after 10 s.
+    procs = {n: nodes.node(n, "--steps", "40", "--sleep", "0.05", "--heartbeat-timeout", "10")
+             for n in "abc"}
+    wait_for(lambda: all(events(tmp_path, n) for n in "abc"), "all joined")
+    wait_for(lambda: len(steps_of(events(tmp_path, "c"))) >= 5, "c at step 5")
+    killed = time.time()
+    procs["c"].kill()
+    codes = nodes.wait_all()
+    assert (codes["a"], codes["b"]) == (0, 0), {n: nodes.log_of(n) for n in "ab"}
+    for n in "ab":
+        regroup = [e for e in events(tmp_path, n) if e["event"] == "regroup"]
+        assert [(e["world"], e["reason"]) for e in regroup] == [(2, "fail")], regroup
+        print(f"{n}: kill -> regrouped {regroup[0]['t'] - killed:.2f} s (timeout 10 s)")
+        assert regroup[0]["t"] - killed < 9.0

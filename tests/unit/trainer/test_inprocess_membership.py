@@ -117,6 +117,9 @@ def test_liveness_judges_by_counter_change_on_the_watchers_clock() -> None:
     assert live.is_alive("a", 108.9) and not live.is_alive("a", 109.0)
     live.observe({"b": 8}, now=105.5)
     assert live.is_alive("b", 106.0) and not live.is_alive("never-seen", 106.0)
+    # A shorter bound for callers that already know a collective failed.
+    assert live.dead(108.0, timeout_s=4.5) == frozenset()  # a silent 4 s, b 2.5 s
+    assert live.dead(108.0, timeout_s=3.0) == frozenset("a")
 
 
 def test_successors_skip_the_dead_in_plan_order() -> None:

@@ -23,6 +23,12 @@ from elastrain_trainer.inprocess.store import MembershipStore
 
 DEFAULT_TIMEOUT_S = 5.0
 MIN_TIMEOUT_S = 2.0
+# Once a collective has failed (a peer is gone for sure), a node that neither reported its step
+# nor beat for this many beat intervals is planned without: a live node beats every interval and
+# is observed within one more, so 3 leaves a beat of slack. A live node misjudged so only pays a
+# rejoin (it finds itself out of the plan and restarts in place); waiting for the full timeout
+# would cost every survivor the whole timeout on every loss without notice.
+FAILED_SILENCE_BEATS = 3
 
 
 class Heartbeat:
@@ -67,6 +73,13 @@ class Heartbeat:
     def dead(self) -> frozenset[str]:
         with self._lock:
             return self._liveness.dead(time.monotonic()) & self._watched
+
+    def silent(self) -> frozenset[str]:
+        """Watched nodes silent for FAILED_SILENCE_BEATS beats: dead, once a collective of
+        theirs has failed."""
+        with self._lock:
+            return (self._liveness.dead(time.monotonic(), FAILED_SILENCE_BEATS * self.interval_s)
+                    & self._watched)
 
     def is_alive(self, node: str) -> bool:
         with self._lock:

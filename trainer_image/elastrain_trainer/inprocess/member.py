@@ -344,8 +344,10 @@ class Member:
         self.release(model)
         self.store.report(old.gen, self.node_id, step)
         while not self.store.has_plan(old.gen + 1):
-            dead = self.heartbeat.dead()
             reports = self.store.reports(old.gen, old.nodes)
+            # The group failed: a node silent a few beats that never reported is gone (a
+            # reporting node is judged by the full timeout, as before).
+            dead = self.heartbeat.dead() | (self.heartbeat.silent() - set(reports))
             waiting = [n for n in old.nodes if n not in reports and n not in dead]
             order = successor_order(old, dead)
             if not waiting and order and order[0] == self.node_id:

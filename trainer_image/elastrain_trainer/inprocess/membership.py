@@ -220,9 +220,11 @@ class Liveness:
             if last is None or last[0] != value:
                 self._seen[node] = (value, now)
 
-    def dead(self, now: float) -> frozenset[str]:
-        return frozenset(n for n, (_, since) in self._seen.items()
-                         if now - since >= self.timeout_s)
+    def dead(self, now: float, timeout_s: float | None = None) -> frozenset[str]:
+        """Nodes silent for the timeout (or for `timeout_s`, a shorter bound some callers
+        apply when they already know something failed)."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        return frozenset(n for n, (_, since) in self._seen.items() if now - since >= bound)
 
     def is_alive(self, node: str, now: float) -> bool:
         last = self._seen.get(node)
