@@ -25,7 +25,8 @@ node, as in restart mode); compare them with `--nodes 3 --min-nodes 2` (the e2e 
 The global batch is 4 x nodes (micro-batch 2), so both world sizes split it.
 
 In process, an event's resume is the coordinator's first `regroup` record after it (reason
-leave or fail): steps lost = last step trained before it - its step; recovery = signal -> first
+leave or fail; start when too few nodes were left and every node restarted from the step they
+saved): steps lost = last step trained before it - its step; recovery = signal -> first
 step after it. The replacement's later join (a `join` regroup) pauses the survivors briefly;
 that pause is in the run's wall time, hence in its cost per event.
 
@@ -99,9 +100,11 @@ def analyse_event(records: Sequence[Record], at: float) -> EventOutcome:
 
 
 def first_regroup_after(records: Sequence[Record], at: float) -> Record | None:
-    """In process: the generation that answered a loss at `at` (not a later join's)."""
+    """In process: the generation that answered a loss at `at` (not a later join's): the
+    smaller world (leave, fail), or a start from the checkpoint when too few nodes were left
+    and every node saved and restarted (start)."""
     regroups = [r for r in records if r["event"] == "regroup" and float(r["time"]) > at
-                and r.get("reason") in ("leave", "fail")]
+                and r.get("reason") in ("leave", "fail", "start")]
     return min(regroups, key=lambda r: float(r["time"])) if regroups else None
 
 

@@ -100,3 +100,7 @@ def test_an_inprocess_event_is_answered_by_the_first_leave_or_fail_regroup(
     assert (out.resumed_step, out.steps_lost, out.recovery_s) == (2, 1, 2.5)
     # A loss nothing answered yet (only a join after it) is unresolved, not a zero.
     assert goodput.analyse_inprocess_event(records, 6.2).recovery_s is None
+    # Too few nodes left: every node saved step 4 and restarted; the start generation answers.
+    dissolved = [*records, step(5, 7.2), regroup(4, 9.0, "start"), step(5, 9.5)]
+    out = goodput.analyse_inprocess_event(dissolved, 7.1)
+    assert (out.resumed_step, out.steps_lost, out.recovery_s) == (4, 1, 2.4)
