@@ -42,12 +42,25 @@ def scrape(port: int) -> dict[str, float] | None:
     return samples
 
 
+def wait_established(kube: Any, *names: str, timeout: float = 180) -> None:
+    """Poll each CRD's Established condition. One `kubectl wait` right after the apply failed
+    under load ("no matching resources", exit 1, well before its timeout): the CRD was not
+    readable yet."""
+    path = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while (done := kubectl(kube, "get", f"crd/{name}", "-o", path, check=False)
+               ).stdout.strip() != "True":
+            if time.monotonic() > deadline:
+                pytest.fail(f"CRD {name} not Established in {timeout} s: {done.stderr.strip()}")
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def crd(kube: Any) -> Iterator[Any]:
     """The TrainingJob CRD applied and Established on the test apiserver."""
     kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/trainingjobs.elastrain.dev")
+    wait_established(kube, "trainingjobs.elastrain.dev")
     # Discovery lags Established by a moment; wait until `kubectl get tj` resolves the kind.
     deadline = time.monotonic() + 30
     while kubectl(kube, "get", "tj", "-A", check=False).returncode != 0:

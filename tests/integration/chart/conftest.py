@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import kubectl
+from tests.integration.conftest import kubectl, wait_established
 from tests.unit.chart.chartlib import CHART, helm_or_skip
 
 MONITORING_CRDS = Path(__file__).with_name("monitoring-crds.yaml")
@@ -40,8 +40,8 @@ def wait_for_kinds(kube: Any, *resources: str) -> None:
 def monitoring_crds(crd: Any) -> Any:
     """The TrainingJob CRD plus the ServiceMonitor/PodMonitor stand-ins, Established."""
     kubectl(crd, "apply", "--server-side", "--force-conflicts", "-f", str(MONITORING_CRDS))
-    kubectl(crd, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com")
+    wait_established(crd, "servicemonitors.monitoring.coreos.com",
+                     "podmonitors.monitoring.coreos.com")
     wait_for_kinds(crd, "servicemonitors.monitoring.coreos.com",
                    "podmonitors.monitoring.coreos.com")
     return crd

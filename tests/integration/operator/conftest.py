@@ -24,7 +24,7 @@ import pytest
 
 from elastrain_operator.k8s.client import Kube, KubeError, namespaced
 from elastrain_operator.model.names import LABEL_JOB, LABEL_ROLE
-from tests.integration.conftest import kubectl
+from tests.integration.conftest import kubectl, wait_established
 
 ROOT = Path(__file__).resolve().parents[3]
 PEERING_CRDS = ROOT / "crds" / "kopf-peering.yaml"
@@ -222,8 +222,7 @@ class Operator:
 @pytest.fixture(scope="session")
 def peering_crds(crd: Any) -> Any:
     kubectl(crd, "apply", "--server-side", "-f", str(PEERING_CRDS))
-    for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        kubectl(crd, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    wait_established(crd, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
     # Discovery lags Established; an operator started before it would not see the peering kind.
     wait_for("kopf peering kinds in discovery",
              lambda: kubectl(crd, "get", "kopfpeerings", "-A", check=False).returncode == 0)

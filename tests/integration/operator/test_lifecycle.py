@@ -332,7 +332,7 @@ def test_training_recovery_is_recorded_once_per_loss(
     recovery = wait_for("status.lastRecovery", lambda: cluster.status().get("lastRecovery"))
     assert recovery == {"lostAt": status["recentLosses"][-1]["time"], "trainingAt": training_at,
                         "seconds": 3.0, "kind": "Preempted", "pod": "demo-worker-0-0",
-                        "resumedFromStep": 40}
+                        "resumedFromStep": 40, "mode": "Restart"}
     (event,) = wait_for("TrainingResumed event", lambda: cluster.events("TrainingResumed"))
     assert event["message"] == "training resumed from step 40 3.0s after demo-worker-0-0 was lost"
     wait_for("the recovery in /metrics", lambda: "elastrain_operator_training_recovery_seconds_"
