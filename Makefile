@@ -85,7 +85,7 @@ bench-operator: venv build-deps  ## the operator at scale: 1000 jobs x 4 workers
 	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 
 .PHONY: bench-recovery-node
-bench-recovery-node: venv build-deps  ## recovery on the real node, Restart vs InProcess mode: worker pods evicted and SIGKILLed one at a time, p50/max per mode and the ratio (root; ~25 min here)
+bench-recovery-node: venv build-deps  ## recovery on the real node, Restart vs InProcess mode: worker pods evicted and SIGKILLed one at a time, p50/max per mode and the ratio (root; 7 min here with the images cached)
 	$(BIN)/python bench/recovery_node.py $(BENCH_ARGS)
 
 TORCHFT_PYTHON ?= /tmp/tfv/bin/python

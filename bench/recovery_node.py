@@ -5,7 +5,7 @@ operator installed by its chart, MinIO on the pod bridge).
 
     sudo .venv/bin/python bench/recovery_node.py [--events 6] [--modes restart,inprocess]
                                                  [--kinds evict,kill] [--out ...]
-    make bench-recovery-node          # root; ~25 min here with the images cached
+    make bench-recovery-node          # root; 7 min here with the images cached (420 s)
 
 The job is the e2e suite's (tests/e2e/support.make_job: the kind example, 3 workers, min 2,
 DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps), once
