@@ -85,9 +85,21 @@ def first_step_after(records: Sequence[Record], at: float) -> Record | None:
     return min(steps, key=lambda r: float(r["time"])) if steps else None
 
 
-def analyse_event(records: Sequence[Record], at: float) -> EventOutcome:
-    """Steps lost and recovery time of the loss at wall time `at` (time.time())."""
-    resume = first_resume_after(records, at)
+def first_regroup_after(records: Sequence[Record], at: float) -> Record | None:
+    """In process: the generation that answered a loss at `at` (not a later join's): the
+    smaller world (leave, fail), or a start from the checkpoint when too few nodes were left
+    and every node saved and restarted (start)."""
+    regroups = [r for r in records if r["event"] == "regroup" and float(r["time"]) > at
+                and r.get("reason") in ("leave", "fail", "start")]
+    return min(regroups, key=lambda r: float(r["time"])) if regroups else None
+
+
+def analyse_event(records: Sequence[Record], at: float, *,
+                  resume_after: Callable[[Sequence[Record], float], Record | None]
+                  = first_resume_after) -> EventOutcome:
+    """Steps lost and recovery time of the loss at wall time `at` (time.time()); the resume is
+    a restart's `resumed` record, or in process (first_regroup_after) the next generation."""
+    resume = resume_after(records, at)
     if resume is None:
         return EventOutcome(at, None, None, None)
     t_resume = float(resume["time"])
@@ -99,27 +111,8 @@ def analyse_event(records: Sequence[Record], at: float) -> EventOutcome:
     return EventOutcome(at, int(resume["step"]), lost, recovery)
 
 
-def first_regroup_after(records: Sequence[Record], at: float) -> Record | None:
-    """In process: the generation that answered a loss at `at` (not a later join's): the
-    smaller world (leave, fail), or a start from the checkpoint when too few nodes were left
-    and every node saved and restarted (start)."""
-    regroups = [r for r in records if r["event"] == "regroup" and float(r["time"]) > at
-                and r.get("reason") in ("leave", "fail", "start")]
-    return min(regroups, key=lambda r: float(r["time"])) if regroups else None
-
-
 def analyse_inprocess_event(records: Sequence[Record], at: float) -> EventOutcome:
-    """Steps lost and recovery time of an in-process loss at wall time `at`."""
-    regroup = first_regroup_after(records, at)
-    if regroup is None:
-        return EventOutcome(at, None, None, None)
-    t_regroup = float(regroup["time"])
-    before = [int(r["step"]) for r in records
-              if r["event"] == "step" and float(r["time"]) < t_regroup]
-    lost = max(0, max(before, default=0) - int(regroup["step"]))
-    step = first_step_after(records, t_regroup)
-    recovery = None if step is None else round(float(step["time"]) - at, 3)
-    return EventOutcome(at, int(regroup["step"]), lost, recovery)
+    return analyse_event(records, at, resume_after=first_regroup_after)
 
 
 def recovery_phases(records: Sequence[Record], at: float) -> dict[str, float | None]:
