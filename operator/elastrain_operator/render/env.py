@@ -58,13 +58,20 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "PET_RDZV_ENDPOINT": f"{store_host(job_name, namespace)}:{spec.rendezvous.port}",
         "PET_RDZV_ID": job_uid,
         "PET_RDZV_CONF": render_rendezvous_conf(spec),
+        **_agent_env(spec),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
+def _agent_env(spec: TrainingJobSpec) -> dict[str, str]:
+    """The torchrun agent's own settings, the same in both recovery modes."""
+    return {
         "PET_MAX_RESTARTS": str(TORCHRUN_MAX_RESTARTS),
         "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL_SECONDS),
         # How long a SIGTERMed torchrun lets its workers save before SIGKILL (default 30 s): the
         # pod's grace period, not torchrun's default, bounds the SIGTERM checkpoint.
         "PET_SHUTDOWN_TIMEOUT": str(max(1, spec.termination_grace_period_seconds
                                         - SHUTDOWN_MARGIN_SECONDS)),
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
 
 
@@ -80,10 +87,7 @@ def render_standalone_torchrun_env(spec: TrainingJobSpec) -> dict[str, str]:
         "PET_STANDALONE": "1",
         "PET_NNODES": "1",
         "PET_NPROC_PER_NODE": str(spec.effective_nproc_per_node),
-        "PET_MAX_RESTARTS": str(TORCHRUN_MAX_RESTARTS),
-        "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL_SECONDS),
-        "PET_SHUTDOWN_TIMEOUT": str(max(1, spec.termination_grace_period_seconds
-                                        - SHUTDOWN_MARGIN_SECONDS)),
+        **_agent_env(spec),
     }
 
 
