@@ -36,6 +36,8 @@ from elastrain_trainer.signals import EXIT_RESTART
 
 CRASH_PREFIX: Final = "elastrain: worker crashed: "
 CONFIG_PREFIX: Final = "elastrain: configuration error: "
+# A node that ended 0 despite a fault (a worker dead after every node finished training).
+WARNING_PREFIX: Final = "elastrain: warning: "
 EXIT_CONFIG: Final = 78
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
 _ERROR_TYPE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")

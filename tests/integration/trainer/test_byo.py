@@ -142,6 +142,33 @@ def test_a_script_that_never_calls_the_api_runs_with_torchruns_variables(tmp_pat
     assert not (out / "ckpt").exists()  # nothing saved what the script never asked to
 
 
+ABORTS_AFTER_THE_WORLD_FINISHED_PY = PLAIN_PY.replace(
+    "dist.destroy_process_group()\n",
+    "dist.destroy_process_group()\n"
+    "if rank == 0:  # a C++ abort in teardown, after rank 1 exited 0 (seen in CI once)\n"
+    "    import os, time\n"
+    "    time.sleep(3)\n"
+    "    os.abort()\n")
+
+
+def test_a_worker_that_aborts_after_every_node_finished_ends_the_run_without_a_restart(
+        tmp_path: Path) -> None:
+    """Rank 0 dies of SIGABRT after the last collective, once rank 1 exited 0: the world's
+    training is complete, so its node ends 0 with a warning instead of a counted crash whose
+    replacement could never join (and its peer no longer waits 5 minutes at torchrun's exit
+    barrier for it). Seen failing without launch/agent.py's finished-world check: agent-0
+    exits 1, agent-2 is started and waits for a world that has ended."""
+    (tmp_path / "plain.py").write_text(ABORTS_AFTER_THE_WORLD_FINISHED_PY)
+    job = tmp_path / "job.yaml"
+    job.write_text(PLAIN_JOB)
+    out = tmp_path / "run"
+    summary = run_job(job, out, preempt=False)
+    assert summary["exit_codes"] == {"agent-0": 0, "agent-1": 0}, summary
+    log = (out / "agent-0.log").read_text()
+    assert "elastrain: warning: worker crashed: rank 0, killed by SIGABRT" in log, log[-2000:]
+    assert "after all 2 nodes finished training" in log, log[-2000:]
+
+
 FINAL_SAVE_FAILS_PY = '''\
 import torch
 

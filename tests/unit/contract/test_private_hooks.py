@@ -16,11 +16,13 @@ from typing import Any
 import boto3
 import pytest
 import torch
+from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.utils import store as store_util
 from torch.distributed.launcher import api as launcher_api
 
 from elastrain_trainer import private_hooks
@@ -228,6 +230,13 @@ BROKEN: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], Callable[[], Any],
     "launcher LocalElasticAgent": (
         lambda mp: _drop(mp, launcher_api, "LocalElasticAgent"),
         launch_agent.patch_crash_budget, "api.LocalElasticAgent"),
+    "store._barrier_nonblocking": (
+        lambda mp: _drop(mp, store_util, "_barrier_nonblocking"),
+        lambda: launch_agent.peers_finished(HashStore(), 2, lambda: 0, timeout=0),
+        "_barrier_nonblocking"),
+    "SimpleElasticAgent._exit_barrier": (
+        lambda mp: _drop(mp, SimpleElasticAgent, "_exit_barrier"),
+        launch_agent.patch_crash_budget, "_exit_barrier"),
     "RequestSigner._credentials": (
         lambda mp: mp.setattr(s3, "boto3", _client_without_signer()),
         lambda: s3.S3Storage("s3://b/p"), "BaseClient._request_signer"),

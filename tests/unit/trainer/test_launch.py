@@ -53,3 +53,46 @@ def test_a_torch_without_the_agent_hooks_stops_the_launcher_saying_why(
     assert "elastrain: configuration error: launcher:" in said
     assert "LocalElasticAgent._shutdown(timeout=)" in said
     assert "torch>=2.15,<2.16" in said and "ELASTRAIN_PLAIN_TORCHRUN=1" in said
+
+
+# --- a crash after the world finished (launch/agent.py, peers_finished): torch's own exit
+# barrier keys on a real in-memory store, the peers played by adding to it as torch's agent does
+
+
+def _peer_arrives(store: Any, world_size: int) -> None:
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.elastic.utils import store as store_util
+
+    store_util._barrier_nonblocking(store, world_size, agent_api._TERMINAL_STATE_SYNC_ID)
+
+
+def _store() -> Any:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    store.set_timeout(__import__("datetime").timedelta(seconds=2))
+    return store
+
+
+def test_a_node_is_finished_when_every_peer_waits_at_the_exit_barrier() -> None:
+    store = _store()
+    _peer_arrives(store, 3)
+    _peer_arrives(store, 3)
+    assert launch_agent.peers_finished(store, 3, lambda: 0, timeout=5.0)
+
+
+def test_a_missing_peer_is_not_finished_and_a_restarting_peer_ends_the_wait_at_once() -> None:
+    store = _store()
+    _peer_arrives(store, 3)  # one of two peers finished; the other never arrives
+    assert not launch_agent.peers_finished(store, 3, lambda: 0, timeout=0.3)
+    # A peer waiting for a new round (it restarted after this node's crash mid-training): the
+    # answer comes before the timeout would.
+    polls: list[int] = []
+
+    def waiting() -> int:
+        polls.append(1)
+        return 1
+
+    store = _store()
+    assert not launch_agent.peers_finished(store, 2, waiting, timeout=3600.0)
+    assert len(polls) == 1

@@ -27,7 +27,17 @@ The crashed agent leaves the rendezvous open: torchrun would close it for the wh
 id on the way out, and the replacement worker (same id) could never join; the survivors carry
 on above minReplicas or wait for it.
 
-Both patches use torch internals (listed in elastrain_trainer.private_hooks). If a torch release
+Except after the world finished: a worker that dies after its last collective (a C++ thread
+aborting the interpreter's teardown, an exit hook) while every other node's workers exited 0
+would be counted and replaced, and the replacement could never join (the world is done), while
+its peers sat in torchrun's exit barrier for 5 minutes waiting for this node. So before it
+counts a crash, a node of a multi-node world arrives at that exit barrier itself and waits up to
+FINISHED_WAIT_SECONDS for the others (a node arrives there only once its workers succeeded):
+when all arrive, the world's training is complete, the crash is reported as a warning and the
+node ends 0 like its peers; as soon as a node waits for a new round instead (a peer restarting
+after this crash mid-training) or the wait runs out, the crash counts as before.
+
+All patches use torch internals (listed in elastrain_trainer.private_hooks). If a torch release
 changes them, patching raises MissingPrivateHook naming the hook and the tested torch versions,
 and the launcher stops (a configuration error: no restart installs another torch) rather than
 run as plain torchrun without the crash budget and the long restart saves;
@@ -39,11 +49,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elastrain_trainer.faults import EXIT_CONFIG, config_reason, crash_reason, is_crash
-from elastrain_trainer.private_hooks import missing, require, require_params
+from elastrain_trainer.faults import (
+    CRASH_PREFIX,
+    EXIT_CONFIG,
+    WARNING_PREFIX,
+    config_reason,
+    crash_reason,
+    is_crash,
+)
+from elastrain_trainer.private_hooks import MissingPrivateHook, missing, require, require_params
 from elastrain_trainer.signals import EXIT_STORE_LOST
 
 TERMINATION_LOG = Path(os.environ.get("ELASTRAIN_TERMINATION_LOG", "/dev/termination-log"))
@@ -65,6 +84,11 @@ class WorkerMisconfigured(WorkerCrashed):
     """A worker exited EXIT_CONFIG: the message is the CONFIG_PREFIX line that fails the job."""
 
 
+# How long a node whose worker crashed waits at the exit barrier for its peers. A peer arrives
+# once its agent saw its workers exit 0 (PET_MONITOR_INTERVAL 0.5 s) after their interpreter's
+# teardown, seconds on a loaded node; a crash mid-training stops the wait early (peers_finished).
+FINISHED_WAIT_SECONDS = 10.0
+_FINISHED_WORLD = "to tell a crash after the world finished training from one that needs a restart"
 _RESTART_WAITS = "so that a worker-group restart waits --shutdown-timeout for the SIGTERM save"
 _CRASH_BUDGET = "to stop the node on a worker's own crash (the crash budget)"
 
@@ -156,6 +180,37 @@ def store_lost_of(failures: dict[int, Any]) -> str | None:
     return None
 
 
+def peers_finished(store: Any, world_size: int, nodes_waiting: Callable[[], int], *,
+                   timeout: float, poll: float = 0.1) -> bool:
+    """Arrive at torchrun's exit barrier of this round and wait up to `timeout` for the other
+    nodes. True when all `world_size` arrived (each does only once its workers succeeded);
+    False when the time runs out or a node waits for a new round (a peer that restarts after
+    this node's crash mid-training will never arrive). MissingPrivateHook if torch changed the
+    barrier's keys."""
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.elastic.utils import store as store_util
+
+    prefix = require(agent_api, "_TERMINAL_STATE_SYNC_ID", library="torch",
+                     needed_for=_FINISHED_WORLD)
+    arrive = require(store_util, "_barrier_nonblocking", library="torch",
+                     needed_for=_FINISHED_WORLD)
+    last = arrive(store=store, world_size=world_size, key_prefix=prefix)
+    deadline = time.monotonic() + timeout
+    while not store.check([last]):
+        if nodes_waiting() > 0 or time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def finished_world_warning(crash: str, nodes: int) -> str:
+    """The line a node ends 0 with when its worker crashed after every node finished."""
+    what = crash.removeprefix(CRASH_PREFIX)
+    return (f"{WARNING_PREFIX}worker crashed: {what}, after all {nodes} nodes "
+            "finished training (every other node's workers exited 0); training is complete, so "
+            "this node ends 0 and is not restarted")
+
+
 def patch_crash_budget() -> None:
     """Make torchrun's agent stop the node on a crash (see the module docstring;
     MissingPrivateHook if torch changed what this relies on)."""
@@ -164,6 +219,7 @@ def patch_crash_budget() -> None:
 
     base = require(launcher_api, "LocalElasticAgent", library="torch", needed_for=_CRASH_BUDGET)
     require(base, "_monitor_workers", library="torch", needed_for=_CRASH_BUDGET)
+    require(base, "_exit_barrier", library="torch", needed_for=_FINISHED_WORLD)
     if "LocalElasticAgent" not in launcher_api.launch_agent.__code__.co_names:
         # launch_agent no longer builds its agent from the module global replaced below.
         raise missing("launch_agent's use of torch.distributed.launcher.api.LocalElasticAgent",
@@ -179,6 +235,9 @@ def patch_crash_budget() -> None:
             super().__init__(*args, **kwargs)
             require(self, "_shutdown_timeout", library="torch", owner_name="LocalElasticAgent",
                     needed_for=_RESTART_WAITS)
+            require(self, "_store", library="torch", owner_name="SimpleElasticAgent",
+                    needed_for=_FINISHED_WORLD)
+            self._arrived = False
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
@@ -191,10 +250,36 @@ def patch_crash_budget() -> None:
                 worker_group.spec.rdzv_handler.shutdown = lambda: False
                 raise WorkerMisconfigured(config)
             if reason := crash_of(result.failures or {}):
+                if self._world_finished(worker_group):
+                    report_warning(finished_world_warning(reason, worker_group.group_world_size))
+                    # Each worker as succeeded (torch records an event per worker from it).
+                    return agent_api.RunResult(
+                        state=agent_api.WorkerState.SUCCEEDED,
+                        return_values={w.global_rank: None for w in worker_group.workers})
                 # launch_agent shuts the rendezvous down on any exception but a signal.
                 worker_group.spec.rdzv_handler.shutdown = lambda: False
                 raise WorkerCrashed(reason)
             return result
+
+        def _world_finished(self, worker_group: Any) -> bool:
+            """Every other node of this round finished (see the module docstring)."""
+            nodes = worker_group.group_world_size
+            if not isinstance(nodes, int) or nodes < 2 or self._store is None:
+                return False
+            try:
+                done = peers_finished(self._store, nodes,
+                                      worker_group.spec.rdzv_handler.num_nodes_waiting,
+                                      timeout=FINISHED_WAIT_SECONDS)
+            except MissingPrivateHook:
+                raise
+            except Exception:  # the store is gone: no proof the world finished
+                return False
+            self._arrived = done
+            return done
+
+        def _exit_barrier(self) -> None:
+            if not self._arrived:  # _world_finished arrived there already
+                super()._exit_barrier()
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> None:
             super()._shutdown(*args, **kwargs)
@@ -211,3 +296,11 @@ def report_crash(reason: str, path: Path = TERMINATION_LOG) -> None:
         with contextlib.suppress(OSError):
             path.write_text(reason + "\n")
 
+
+def report_warning(line: str, path: Path = TERMINATION_LOG) -> None:
+    """Say it on stderr and, when the worker left no termination message (its final /progress
+    document, elastrain_trainer.metrics), in the container's termination message."""
+    print(line, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        if path.exists() and not path.read_text().strip():
+            path.write_text(line + "\n")
