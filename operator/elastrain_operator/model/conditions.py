@@ -50,6 +50,7 @@ CHECKPOINTS_HEALTHY: Final = "CheckpointsHealthy"      # the latest checkpoint s
 NO_TRAINING_PROGRESS: Final = "NoTrainingProgress"     # no step for spec.hangTimeoutSeconds
 TRAINING_PROGRESSING: Final = "TrainingProgressing"    # steps complete (or the watchdog is off)
 WORKER_CRASHED: Final = "WorkerCrashed"                # the trainer raised (the job's own error)
+WORKER_CRASHED_AFTER_FINISH: Final = "WorkerCrashedAfterFinish"  # died once all had finished
 DAMAGED_CHECKPOINT_SKIPPED: Final = "DamagedCheckpointSkipped"  # resumed from an older one
 STORE_READY: Final = "StoreReady"                      # the store pod is Ready
 STORE_STARTING: Final = "StoreStarting"                # created, scheduled or starting; no error

@@ -48,6 +48,9 @@ CRASH_PREFIX = "elastrain: worker crashed: "
 # How the launcher starts the line of an error no restart can fix (an unreadable dataset, an
 # invalid setting, a command that does not exist): the job fails at once, quoting the rest.
 CONFIG_PREFIX = "elastrain: configuration error: "
+# How the launcher starts the line of a pod that ended 0 despite a fault (its worker died after
+# every node finished training): the job still Succeeds, and says so in a Warning event.
+WARNING_PREFIX = "elastrain: warning: "
 # The container runtime's terminated reasons when it could not start the command at all ...
 _START_FAILURES = frozenset({"StartError", "ContainerCannotRun"})
 # ... and the runtime's words for a command that is not there (containerd, CRI-O, Docker).
@@ -225,6 +228,18 @@ def configuration_error(pod: WorkerPod, limit: int = 400) -> str:
     else:
         return ""
     return reason if len(reason) <= limit else reason[:limit - 3] + "..."
+
+
+def finish_warning(pod: WorkerPod, limit: int = 300) -> str:
+    """The launcher's warning of a worker pod that Succeeded despite a fault ("" if none)."""
+    if pod.phase != "Succeeded":
+        return ""
+    lines = [ln.strip() for ln in pod.exit_message.splitlines()
+             if ln.strip().startswith(WARNING_PREFIX)]
+    if not lines:
+        return ""
+    what = lines[-1].removeprefix(WARNING_PREFIX)
+    return what if len(what) <= limit else what[:limit - 3] + "..."
 
 
 def crash_reason(message: str, limit: int = 200) -> str:

@@ -45,6 +45,7 @@ from elastrain_operator.policy.failures import (
     classify_pod_exit,
     configuration_error,
     describe_exit,
+    finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
@@ -334,6 +335,15 @@ def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finis
     return None
 
 
+def _finish_warnings(observed: Observed) -> list[EventSpec]:
+    """A Warning for each worker that ended 0 only because every node had finished training
+    (its worker died after that: the launcher's warning line), once, as the job Succeeds."""
+    return [EventSpec("Warning", c.WORKER_CRASHED_AFTER_FINISH,
+                      f"{pod.name}: {warning} (the job Succeeded: training had finished)")
+            for pod in sorted(observed.workers, key=lambda p: p.name)
+            if (warning := finish_warning(pod))]
+
+
 def _reports(observed: Observed) -> tuple[ProgressReport, ...] | None:
     """This round's polled reports plus the final ones finished workers left; None: neither."""
     final = final_reports(observed.workers)
@@ -406,6 +416,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              reports, now)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
+    if terminal is not None and terminal[0] == "Succeeded":
+        events.extend(_finish_warnings(observed))
     if (was := find_condition(old.conditions, c.HUNG)) and was.status == "True" and (
             now_hung := find_condition(status.conditions, c.HUNG)) and now_hung.status == "False":
         events.append(EventSpec("Normal", c.TRAINING_PROGRESSING, now_hung.message))

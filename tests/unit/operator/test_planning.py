@@ -304,6 +304,25 @@ def test_success_needs_every_running_worker_done() -> None:
     assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
 
 
+def test_a_worker_that_died_after_every_node_finished_is_told_once_as_the_job_succeeds() -> None:
+    """The launcher ended the pod 0 with its warning line (launch/agent.py): nothing is counted,
+    the job Succeeds, and a Warning event quotes the worker's end, once."""
+    w = started()
+    warning = ("elastrain: warning: worker crashed: rank 0, killed by SIGABRT, after all 2 nodes "
+               "finished training (every other node's workers exited 0)")
+    w.set_pod("demo-worker-0-0", "Succeeded", exit_code=0, message=warning)
+    w.set_pod("demo-worker-1-0", "Succeeded", exit_code=0)
+    p = w.reconcile(T0 + timedelta(seconds=1))
+    assert w.status["phase"] == "Succeeded"
+    assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
+    told = [e for e in p.events if e.reason == c.WORKER_CRASHED_AFTER_FINISH]
+    assert [(e.type, e.message.split(": ", 1)[0]) for e in told] == [
+        ("Warning", "demo-worker-0-0")], p.events
+    assert "killed by SIGABRT, after all 2 nodes finished training" in told[0].message
+    p = w.reconcile(T0 + timedelta(seconds=2))
+    assert not [e for e in p.events if e.reason == c.WORKER_CRASHED_AFTER_FINISH]
+
+
 def test_final_checkpoint_is_read_from_the_finished_workers_termination_message() -> None:
     """A trainer exits right after its final save, before any poll sees it: the final /progress
     it leaves as termination message makes status.lastCheckpoint the committed final one."""
