@@ -463,6 +463,10 @@ class Session:
             if _inprocess.member.dissolving:
                 self._dissolve()
                 return
+            if _inprocess.member.dropped:  # the change's generation failed without this node
+                emit("dropped", node=_inprocess.member.node_id, step=self.step)
+                self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
+                return
             emit("left", node=_inprocess.member.node_id, step=self.step)
             self.stopped, self.exit_code, self._left = True, 0, True
             return

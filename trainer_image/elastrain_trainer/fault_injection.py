@@ -9,6 +9,11 @@ line (blank lines and `#` comments allowed):
     ELASTRAIN_FAULT_GIVE_UP_AT_STEP=N exit EXIT_RESTART once step N has trained, as an
                                       in-process survivor that could not recover does (the
                                       launcher restarts it in place); CRASH_ONCE applies
+    ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST=1
+                                      in-process mode: the worker stops itself (SIGSTOP, every
+                                      thread, its heartbeat too) right after it asked to join,
+                                      as a pod on a node that stopped answering: planned into
+                                      the next generation, it never enters it
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +51,8 @@ CRASH_RANK = "ELASTRAIN_FAULT_CRASH_RANK"
 CRASH_ONCE = "ELASTRAIN_FAULT_CRASH_ONCE"
 HANG_AT_STEP = "ELASTRAIN_FAULT_HANG_AT_STEP"
 GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
-NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP)
+FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
+NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -119,6 +126,14 @@ def after_step(step: int, rank: int, *, fresh: bool,
         print(f"elastrain: injected hang at step {step} on rank {rank} "
               f"({HANG_AT_STEP})", flush=True)
         threading.Event().wait()
+
+
+def after_join_request(env: Mapping[str, str] = os.environ) -> None:
+    knobs = read_knobs(env)
+    if int(knobs.get(FREEZE_AFTER_JOIN_REQUEST) or 0):
+        print(f"elastrain: injected freeze after the join request ({FREEZE_AFTER_JOIN_REQUEST})",
+              flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _first_time(once: str | None) -> bool:

@@ -236,10 +236,12 @@ def test_a_worker_that_gives_up_is_restarted_in_place_and_healed_from_a_live_pee
 
 def test_a_worker_that_gives_up_with_no_live_generation_restarts_from_the_checkpoint(
         pods: Pods) -> None:
-    """One node: its worker exits EXIT_RESTART after step 12; the launcher restarts it in
+    """One node: its worker exits EXIT_RESTART after step 15; the launcher restarts it in
     place as node a.1, which finds generation 1 silent, starts generation 2 and loads the
-    checkpoint of step 10 (the newest committed)."""
-    pods.start("a", 1, **give_up_at(pods, "a", 12))
+    checkpoint of step 10 (the newest committed). Step 15, not 12: the async save of step 10
+    must commit before the exit, and on a loaded machine it once took longer than 2 steps (the
+    restarted node then started from step 0: the load was the machine's, not the protocol's)."""
+    pods.start("a", 1, **give_up_at(pods, "a", 15))
     codes = pods.wait_all()
     assert codes == {"a": 0}, pods.log("a")
     recs = pods.records("a")
@@ -248,7 +250,7 @@ def test_a_worker_that_gives_up_with_no_live_generation_restarts_from_the_checkp
     resumed = [r for r in recs if r["event"] == "resumed"]
     assert [r["step"] for r in resumed] == [10], resumed
     steps = [r["step"] for r in recs if r["event"] == "step"]
-    assert steps == list(range(1, 13)) + list(range(11, 81)), steps
+    assert steps == list(range(1, 16)) + list(range(11, 81)), steps
 
 
 def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
@@ -266,6 +268,45 @@ def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
     steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
     assert [s for s, _ in steps] == list(range(1, 81)), steps
     assert steps[0][1] == 2 and steps[-1][1] == 3
+
+
+def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivors_no_restart(
+        pods: Pods, tmp_path: Path) -> None:
+    """A scale-up pod asks to join and then stops answering (its worker SIGSTOPs itself: no
+    heartbeat, no socket closed), so the coordinator plans it into the next generation. The
+    survivors wait at that generation's arrival for it, judge it gone by its heartbeat and plan
+    the one after without it, in their processes: same worker PIDs, no node restarted in place,
+    every step trained once. Seen failing without the arrival wait (member._arrive): both
+    survivors' inits wait 30 s for the frozen rank and they restart in place as a.1 and b.1."""
+    for node in ("a", "b"):
+        pods.start(node, 2, MAX_REPLICAS="3")
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    assert None not in pids.values(), pids
+    faults = tmp_path / "freeze.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST=1\n")
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults))
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
+                         for r in pods.all_records()), "the generation after the failed one")
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
+    survivors = {n: pods.procs[n] for n in ("a", "b")}
+    codes = {n: p.wait(timeout=240) for n, p in survivors.items()}
+    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
+    assert "injected freeze after the join request" in pods.log("c"), pods.log("c")
+    recs = pods.all_records()
+    failed = [r for r in recs if r["event"] == "entry_failed"]
+    # One survivor judged c gone, the other saw that (or judged it too); c never arrived.
+    assert failed and set().union(*(r["lost"] for r in failed)) == {"c"}, failed
+    assert {tuple(r["missing"]) for r in failed} == {("c",)}, failed
+    regroups = [(r["gen"], r["world_size"], r["reason"]) for r in recs if r["event"] == "regroup"]
+    gen = failed[0]["gen"]
+    assert (gen + 1, 2, "fail") in regroups, regroups
+    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
+    assert nodes <= {"a", "b"}, nodes  # never a.1 or b.1: nobody restarted in place
+    kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
+    assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, 81)), steps
 
 
 def stopping_step(pods: Pods, nodes: tuple[str, ...]) -> int:

@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import regroup, rewrap, transfer
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
@@ -53,6 +54,11 @@ from elastrain_trainer.parallel import Groups
 
 class PlanTimeoutError(RuntimeError):
     """No plan came for the next generation in time (the coordinator and its successors gone)."""
+
+
+class EntryFailedError(RuntimeError):
+    """A node of the plan went silent before it entered the generation (or another node found
+    so first): nobody inits that group; its nodes report and plan the next without it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,9 @@ class Member:
         self.signalled = False
         self._leave_sent = False
         self.dissolving = False  # the next generation is a stop (too few nodes remain)
+        # A generation this node was to enter failed before its group existed, and the plan
+        # after it does not name this node: the old group is gone, so no stop's save either.
+        self.dropped = False
 
     def _connect(self) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
@@ -120,6 +129,7 @@ class Member:
         self.heartbeat.start()
         gen = self.store.generation()
         self.store.request_join(self.node_id)
+        fault_injection.after_join_request()
         if gen == 0 and self.store.try_advance(0):
             self._publish_start(None)
         # `gen` is won before its plan is published, so the plan of the generation read may
@@ -139,8 +149,12 @@ class Member:
                     raise PlanTimeoutError(f"{self.node_id}: no plan for generation {gen} "
                                            f"within {self.cfg.plan_wait_s} s")
             elif self.node_id in plan.nodes:
-                self._enter(plan)
-                return plan
+                try:
+                    self._enter(plan)
+                    return plan
+                except EntryFailedError as e:  # a joiner holds no state: healed in the next
+                    self._replan(plan, -1, str(e))
+                    deadline = time.monotonic() + self.cfg.plan_wait_s
             else:
                 now = time.monotonic()
                 liveness.observe(self.store.heartbeats(plan.nodes), now)
@@ -205,12 +219,38 @@ class Member:
         regroup.destroy()
         rank = plan.rank_of(self.node_id)
         assert rank is not None
+        self.heartbeat.watch(plan.gen, plan.nodes)
+        if plan.reason != "start":
+            self._arrive(plan)
         self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
                                               plan.world_size)
         self.store.ack(plan.gen, self.node_id, plan.step)
-        self.heartbeat.watch(plan.gen, plan.nodes)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
+
+    def _arrive(self, plan: Plan) -> None:
+        """Say this node is about to init `plan`'s group and wait until every planned node
+        did. The init cannot be interrupted and waits INPROCESS_COLLECTIVE_TIMEOUT for a
+        missing rank (then the in-place restart from the checkpoint), so it starts only once
+        every node is there. EntryFailedError when a node that has not arrived is silent for
+        the beats of a node that never reported (section 8), when another node found so first
+        (the generation is marked failed) or a later plan exists. A start generation skips
+        this: its nodes hold no state, the fallback loses nothing."""
+        self.store.arrive(plan.gen, self.node_id)
+        bound = regroup.INPROCESS_COLLECTIVE_TIMEOUT.total_seconds()
+        deadline = time.monotonic() + bound
+        while missing := set(plan.nodes) - self.store.arrived(plan.gen, plan.nodes):
+            lost = missing & (self.heartbeat.silent() | self.heartbeat.dead())
+            if lost or self.store.failed(plan.gen) or self.store.has_plan(plan.gen + 1):
+                why = (f"{sorted(lost)} silent before entering" if lost
+                       else "another node found a planned node gone")
+                emit("entry_failed", node=self.node_id, gen=plan.gen, lost=sorted(lost),
+                     missing=sorted(missing), reason=why)
+                raise EntryFailedError(f"generation {plan.gen}: {why}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"generation {plan.gen}: {sorted(missing)} beat but did "
+                                   f"not arrive within {bound:.0f} s")
+            time.sleep(0.02)
 
     @property
     def rank(self) -> int:
@@ -301,12 +341,14 @@ class Member:
             req = Requests(step=step, leaving=self.store.leaving(old.nodes),
                            joining=tuple(joining))
             self._advance(old, req, pending, seq)
-        return self._follow(old)
+        return self._follow(old, step)
 
     def _advance(self, old: Plan, req: Requests, pending: int, seq: int) -> None:
         if not self.store.try_advance(old.gen):
             return  # another would-be coordinator won; its plan is the one to follow
         try:
+            if req.step < 0:  # only nodes without state (joiners) survived: start anew
+                raise NoQuorumError(f"no live node of generation {old.gen} holds a step")
             plan = plan_generation(old, req, self.cfg.plan)
         except NoQuorumError:  # below the smallest world: every node saves and ends
             plan = plan_stop(old, req.step)
@@ -314,18 +356,37 @@ class Member:
         if old.gen >= 2:
             self.store.forget(old.gen - 1, old.nodes)
 
-    def _follow(self, old: Plan) -> Plan | None:
-        plan = self._wait_plan(old.gen + 1)
-        if plan.reason == "stop":
-            self.dissolving = True  # the old group stays for the Session's last save
-            return None
-        if self.node_id not in plan.nodes:
-            regroup.destroy()
-            self.plan = None
-            self.heartbeat.stop()
-            return None
-        self._enter(plan)
-        return plan
+    def _follow(self, old: Plan, step: int) -> Plan | None:
+        """Enter the plan after `old` (None: this node is not in it). When that generation
+        fails before its group exists (a planned node went silent first), report `step` (the
+        state this node holds) and follow the plan after that one, in this process."""
+        failed = False
+        while True:
+            plan = self._wait_plan(old.gen + 1)
+            if plan.reason == "stop" or self.node_id not in plan.nodes:
+                if failed:  # the old group is gone already: end as a dropped node does
+                    self.dropped = True
+                elif plan.reason == "stop":
+                    self.dissolving = True  # the old group stays for the Session's last save
+                    return None
+                regroup.destroy()
+                self.plan = None
+                self.heartbeat.stop()
+                return None
+            try:
+                self._enter(plan)
+                return plan
+            except EntryFailedError as e:
+                self._replan(plan, step, str(e))
+                old, failed = plan, True
+
+    def _replan(self, failed: Plan, step: int, error: str) -> None:
+        """`failed`'s group never formed: mark it failed, report the state this node holds
+        (-1: none, a joiner) and, as after a failed collective, let the first live node in
+        plan order make the next plan."""
+        self.store.mark_failed(failed.gen, self.node_id, error)
+        self.store.report(failed.gen, self.node_id, step)
+        self._plan_after_failure(failed)
 
     # -- without notice --------------------------------------------------------------------
     def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:
@@ -343,6 +404,12 @@ class Member:
         self.store.mark_failed(old.gen, self.node_id, error)
         self.release(model)
         self.store.report(old.gen, self.node_id, step)
+        self._plan_after_failure(old)
+        return self._follow(old, step)
+
+    def _plan_after_failure(self, old: Plan) -> None:
+        """Until a plan after `old` exists: once every node of `old` reported or is judged dead,
+        the first live one in plan order makes it."""
         while not self.store.has_plan(old.gen + 1):
             reports = self.store.reports(old.gen, old.nodes)
             # The group failed: a node silent a few beats that never reported is gone (a
@@ -361,7 +428,6 @@ class Member:
                                steps=alive)
                 self._advance(old, req, pending, seq)
             time.sleep(0.02)
-        return self._follow(old)
 
     def dissolve(self) -> None:
         """After a stop's last save: leave the old group for good."""

@@ -57,6 +57,11 @@ def ack_key(gen: int, node_id: str) -> str:
     return f"gen/{gen}/ack/{node_id}"
 
 
+def arrive_key(gen: int, node_id: str) -> str:
+    """A node of generation `gen`'s plan is about to init its process group (section 4)."""
+    return f"gen/{gen}/arrive/{node_id}"
+
+
 def report_key(gen: int, node_id: str) -> str:
     """A survivor of generation `gen`'s failure: its committed step (no-notice path)."""
     return f"gen/{gen}/report/{node_id}"

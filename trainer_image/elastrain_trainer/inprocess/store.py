@@ -127,6 +127,12 @@ class MembershipStore:
     def ack(self, gen: int, node_id: str, step: int) -> None:
         self.kv.set(m.ack_key(gen, node_id), json.dumps({"step": step}))
 
+    def arrive(self, gen: int, node_id: str) -> None:
+        self.kv.set(m.arrive_key(gen, node_id), "1")
+
+    def arrived(self, gen: int, nodes: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for n in nodes if self.kv.check([m.arrive_key(gen, n)]))
+
     def report(self, gen: int, node_id: str, step: int) -> None:
         self.kv.set(m.report_key(gen, node_id), json.dumps({"step": step}))
 
@@ -157,7 +163,8 @@ class MembershipStore:
     def forget(self, gen: int, nodes: Iterable[str]) -> None:
         """Best effort: generation `gen`'s keys (the coordinator calls it two generations on)."""
         keys = [m.plan_key(gen), m.failed_key(gen)]
-        keys += [k for n in nodes for k in (m.ack_key(gen, n), m.report_key(gen, n))]
+        keys += [k for n in nodes
+                 for k in (m.ack_key(gen, n), m.report_key(gen, n), m.arrive_key(gen, n))]
         for key in keys:
             with contextlib.suppress(RuntimeError):
                 self.kv.delete_key(key)
