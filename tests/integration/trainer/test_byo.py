@@ -128,13 +128,19 @@ spec:
 '''
 
 
-def test_a_script_that_never_calls_the_api_runs_with_torchruns_variables(tmp_path: Path) -> None:
-    (tmp_path / "plain.py").write_text(PLAIN_PY)
-    job = tmp_path / "job.yaml"
+def run_plain(tmp: Path, script: str) -> Path:
+    """PLAIN_JOB with `script` as its plain.py, run to its end; both agents exited 0."""
+    (tmp / "plain.py").write_text(script)
+    job = tmp / "job.yaml"
     job.write_text(PLAIN_JOB)
-    out = tmp_path / "run"
+    out = tmp / "run"
     summary = run_job(job, out, preempt=False)
     assert summary["exit_codes"] == {"agent-0": 0, "agent-1": 0}, summary
+    return out
+
+
+def test_a_script_that_never_calls_the_api_runs_with_torchruns_variables(tmp_path: Path) -> None:
+    out = run_plain(tmp_path, PLAIN_PY)
     done = sorted(line.split("plain-script-done ", 1)[1]
                   for log in out.glob("agent-*.log")
                   for line in log.read_text().splitlines() if "plain-script-done " in line)
@@ -158,12 +164,7 @@ def test_a_worker_that_aborts_after_every_node_finished_ends_the_run_without_a_r
     replacement could never join (and its peer no longer waits 5 minutes at torchrun's exit
     barrier for it). Seen failing without launch/agent.py's finished-world check: agent-0
     exits 1, agent-2 is started and waits for a world that has ended."""
-    (tmp_path / "plain.py").write_text(ABORTS_AFTER_THE_WORLD_FINISHED_PY)
-    job = tmp_path / "job.yaml"
-    job.write_text(PLAIN_JOB)
-    out = tmp_path / "run"
-    summary = run_job(job, out, preempt=False)
-    assert summary["exit_codes"] == {"agent-0": 0, "agent-1": 0}, summary
+    out = run_plain(tmp_path, ABORTS_AFTER_THE_WORLD_FINISHED_PY)
     log = (out / "agent-0.log").read_text()
     assert "elastrain: warning: worker crashed: rank 0, killed by SIGABRT" in log, log[-2000:]
     assert "after all 2 nodes finished training" in log, log[-2000:]
