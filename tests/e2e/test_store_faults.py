@@ -60,4 +60,6 @@ def test_a_store_image_that_does_not_exist_is_told_paced_and_fails_the_job(
     assert "rendezvous store pod nostore-rdzv" in failed["message"], failed
     assert "StoreImagePullFailed" in failed["message"], failed
     assert status.get("preemptions", 0) == 0 and status.get("restarts", 0) == 0, status
-    assert "RendezvousStoreNotReady" in event_reasons(k, ns, "nostore")
+    # The operator posts events after the status write that the wait above saw: wait for it.
+    wait_for("the RendezvousStoreNotReady event",
+             lambda: "RendezvousStoreNotReady" in event_reasons(k, ns, "nostore"), timeout=60)
