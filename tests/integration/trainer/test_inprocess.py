@@ -192,11 +192,14 @@ def test_a_worker_leaving_with_notice_costs_survivors_no_restart_and_no_step(
 # ---------------------------------------------------------------- a joiner (section 6)
 def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
         nodes: Nodes, tmp_path: Path) -> None:
-    procs = {n: nodes.node(n, "--steps", "60", "--sleep", "0.05", "--expected", "2")
+    # 200 steps of >= 0.05 s: the cold joiner below must come before the end. With 60 (~3.7 s
+    # here) a and b finished twice before it had imported torch (stop 25, CI clone and loaded).
+    total = 200
+    procs = {n: nodes.node(n, "--steps", str(total), "--sleep", "0.05", "--expected", "2")
              for n in "ab"}
     wait_for(lambda: len(steps_of(events(tmp_path, "a"))) >= 3, "a at step 3")
     # A cold joiner: it imports torch and builds its model while a and b go on training.
-    nodes.node("d", "--steps", "60", "--sleep", "0.05")
+    nodes.node("d", "--steps", str(total), "--sleep", "0.05")
     codes = nodes.wait_all()
     assert codes == {"a": 0, "b": 0, "d": 0}, {n: nodes.log_of(n) for n in codes}
     ev = {n: events(tmp_path, n) for n in "abd"}
@@ -204,7 +207,7 @@ def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
     assert joined["event"] == "joined" and joined["healed_from"] in {"a", "b"}
     assert joined["world"] == 3 and joined["rank"] == 2 and joined["step"] > 3
     for n in "ab":
-        assert pids(ev[n]) == {procs[n].pid} and steps_of(ev[n]) == list(range(1, 61)), n
+        assert pids(ev[n]) == {procs[n].pid} and steps_of(ev[n]) == list(range(1, total + 1)), n
         regroup = [e for e in ev[n] if e["event"] == "regroup"]
         assert [(e["world"], e["reason"], e["step"]) for e in regroup] == [
             (3, "join", joined["step"])], regroup
@@ -212,7 +215,7 @@ def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
         assert regroup[0]["digest"] == state_after_join(ev["d"])
     source = ev[joined["healed_from"]]
     assert next(e for e in source if e["event"] == "regroup")["sent_to"] == ["d"]
-    assert steps_of(ev["d"]) == list(range(joined["step"] + 1, 61))
+    assert steps_of(ev["d"]) == list(range(joined["step"] + 1, total + 1))
     finals = {n: final_digest(ev[n]) for n in "abd"}
     assert len(set(finals.values())) == 1, finals
     pause = max(e["seconds"] for e in ev["a"] if e["event"] == "regroup")
