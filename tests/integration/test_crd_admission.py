@@ -18,6 +18,10 @@ from elastrain_operator.model.spec import (
     INPROCESS_GPU_MESSAGE,
     INPROCESS_RANKS_MESSAGE,
     INPROCESS_STRATEGY_MESSAGE,
+    MAX_WORKERS,
+    SPARES_BOUND_MESSAGE,
+    SPARES_METRICS_MESSAGE,
+    SPARES_MODE_MESSAGE,
     VALIDATION_DATASET_MESSAGE,
 )
 from tests.integration.conftest import kubectl
@@ -247,6 +251,21 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("inprocess-gpu", both(set_path("recovery", {"mode": "InProcess"}),
                            set_path("resources", {"limits": {"nvidia.com/gpu": 1}})),
      [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
+    ("spares-negative", both(set_path("recovery", {"mode": "InProcess"}), set_path("spares", -1)),
+     [bound("spec.spares", -1, "be greater than or equal to 0")]),
+    ("spares-in-restart-mode", set_path("spares", 1), [rule("spec.spares", SPARES_MODE_MESSAGE)]),
+    ("spares-without-metrics", both(set_path("recovery", {"mode": "InProcess"}),
+                                    set_path("metricsPort", 0), set_path("spares", 1)),
+     [rule("spec.spares", SPARES_METRICS_MESSAGE)]),
+    ("spares-past-max-workers", both(set_path("recovery", {"mode": "InProcess"}),
+                                     set_path("maxReplicas", MAX_WORKERS),
+                                     set_path("spares", 1)),
+     [rule("spec.spares", SPARES_BOUND_MESSAGE)]),
+    ("spares-past-max-workers-unbounded", both(set_path("recovery", {"mode": "InProcess"}),
+                                               drop("maxReplicas"),
+                                               set_path("replicas", MAX_WORKERS - 1),
+                                               set_path("spares", 2)),
+     [rule("spec.spares", SPARES_BOUND_MESSAGE)]),
 ]
 # The apiserver adds this when schema errors kept it from running the CEL rules: not a rule.
 NOT_CHECKED = ("<nil>", "Invalid value: null: some validation rules were not checked because "
@@ -319,6 +338,7 @@ def test_minimal_job_gets_defaults(api: client.CustomObjectsApi, kube_namespace:
     assert stored["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 10,
                                        "maxBackoffSeconds": 300}
     assert stored["terminationGracePeriodSeconds"] == 120 and stored["suspend"] is False
+    assert stored["spares"] == 0
 
 
 def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str) -> None:
@@ -416,3 +436,17 @@ def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
     refused = kubectl(crd, "scale", "tj/cols", "-n", kube_namespace, "--replicas=9", check=False)
     assert refused.returncode != 0
     assert "spec.replicas must be <= spec.maxReplicas" in refused.stderr, refused.stderr
+
+
+def test_spares_are_admitted_in_process_mutable_and_bound_a_scale(
+        api: client.CustomObjectsApi, crd: Any, kube_namespace: str) -> None:
+    manifest = make_job_manifest("spares", recovery={"mode": "InProcess"}, spares=2)
+    del manifest["spec"]["maxReplicas"]
+    assert create(api, kube_namespace, manifest)["spec"]["spares"] == 2
+    # Every spare is a worker pod: a scale past the bound on pods is refused naming spares.
+    refused = kubectl(crd, "scale", "tj/spares", "-n", kube_namespace,
+                      f"--replicas={MAX_WORKERS - 1}", check=False)
+    assert refused.returncode != 0 and SPARES_BOUND_MESSAGE in refused.stderr, refused.stderr
+    patched = api.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                 "spares", {"spec": {"spares": 0}})
+    assert patched["spec"]["spares"] == 0

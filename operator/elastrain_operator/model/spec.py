@@ -88,6 +88,13 @@ INPROCESS_STRATEGY_MESSAGE = ("spec.recovery.mode InProcess supports spec.strate
                               "(FSDP: use Restart)")
 INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
                          "re-init are not implemented; use Restart for GPU workers")
+# Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
+SPARES_MODE_MESSAGE = ("spec.spares needs spec.recovery.mode InProcess (in Restart mode "
+                       "torchrun's rendezvous would add the spares to the world)")
+SPARES_METRICS_MESSAGE = ("spec.spares needs spec.metricsPort: the trainers learn the desired "
+                          "world from the operator's /progress poll")
+SPARES_BOUND_MESSAGE = (f"spec.spares: spec.maxReplicas (spec.replicas when unset) + spec.spares "
+                        f"must be <= {MAX_WORKERS}: every spare is a worker pod")
 NPROC_AUTO_MESSAGE = ("spec.nprocPerNode \"auto\" needs a GPU in spec.resources "
                       "(e.g. limits nvidia.com/gpu); set an integer for CPU workers")
 
@@ -407,6 +414,12 @@ _SPEC_RULES = k8s(
         "self.nprocPerNode != 'auto' || "
         f"{_gpu_in('limits')} || {_gpu_in('requests')}",
         NPROC_AUTO_MESSAGE, field_path=".nprocPerNode"),
+    cel("self.spares == 0 || self.recovery.mode == 'InProcess'",
+        SPARES_MODE_MESSAGE, field_path=".spares"),
+    cel("self.spares == 0 || self.metricsPort != 0", SPARES_METRICS_MESSAGE,
+        field_path=".spares"),
+    cel(f"self.spares == 0 || (has(self.maxReplicas) ? self.maxReplicas : self.replicas) "
+        f"+ self.spares <= {MAX_WORKERS}", SPARES_BOUND_MESSAGE, field_path=".spares"),
 )
 
 
@@ -449,6 +462,12 @@ class TrainingJobSpec(ApiModel):
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     recovery: RecoverySpec = Field(
         default_factory=RecoverySpec, json_schema_extra=k8s(immutable("spec.recovery")))
+    spares: int = Field(
+        default=0, ge=0, le=MAX_WORKERS,
+        description="InProcess: worker pods started ahead beyond spec.replicas. Each waits, "
+                    "imports done and model built, to take a lost worker's place at the next "
+                    "step boundary (its replacement becomes the new spare). Spares cost their "
+                    "pods' resources all the time. Needs metricsPort. Default 0.")
     termination_grace_period_seconds: int = Field(default=120, ge=0, le=3600)
     template: PodTemplateOverride = Field(default_factory=PodTemplateOverride)
     metrics_port: int = Field(
@@ -481,9 +500,20 @@ class TrainingJobSpec(ApiModel):
             raise ValueError(GPU_REQUESTS_MESSAGE)
         if self.trainer.min_lr > self.trainer.lr:
             raise ValueError("spec.trainer.minLr must be <= spec.trainer.lr")
-        if message := self._inprocess_refusal():
+        if message := self._inprocess_refusal() or self._spares_refusal():
             raise ValueError(message)
         return self
+
+    def _spares_refusal(self) -> str | None:
+        if not self.spares:
+            return None
+        if self.recovery.mode != "InProcess":
+            return SPARES_MODE_MESSAGE
+        if not self.metrics_port:
+            return SPARES_METRICS_MESSAGE
+        if (self.max_replicas or self.replicas) + self.spares > MAX_WORKERS:
+            return SPARES_BOUND_MESSAGE
+        return None
 
     def _inprocess_refusal(self) -> str | None:
         if self.recovery.mode != "InProcess":
@@ -529,6 +559,11 @@ class TrainingJobSpec(ApiModel):
     def desired_workers(self) -> int:
         """spec.replicas clamped to [minReplicas, maxReplicas]."""
         return max(self.min_replicas, min(self.replicas, self.effective_max_replicas))
+
+    @property
+    def worker_pods(self) -> int:
+        """The worker pods the job keeps: the desired workers plus its warm spares."""
+        return self.desired_workers + self.spares
 
 
 class ObjectMeta(ApiModel):

@@ -166,9 +166,14 @@ class TrainingJobStatus(ApiModel):
         default_factory=list, max_length=32,
         json_schema_extra=k8s(x_kubernetes_list_type="map", x_kubernetes_list_map_keys=["type"]))
     replicas: int = Field(default=0, ge=0, description="Desired workers right now.")
-    ready_replicas: int = Field(default=0, ge=0, description="Workers whose pod is Ready.")
+    ready_replicas: int = Field(
+        default=0, ge=0, description="Workers whose pod is Ready (ready spares not included).")
     workers: str = Field(default="", max_length=32,
                          description="Ready/desired workers, e.g. 3/4 (a printer column).")
+    ready_spares: int | None = Field(
+        default=None, ge=0,
+        description="Ready pods whose trainer waits as a spare (spec.spares), as the latest "
+                    "progress poll found them; not in readyReplicas. Absent without spares.")
     pending_replicas: int = Field(
         default=0, ge=0, description="Workers created but not scheduled or started.")
     selector: str = Field(

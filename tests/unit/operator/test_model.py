@@ -60,6 +60,12 @@ def test_camel_case_round_trip() -> None:
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
+    ({"spares": -1}, "spares"),
+    ({"spares": 1}, "spec.spares needs spec.recovery.mode InProcess"),
+    ({"spares": 1, "recovery": {"mode": "InProcess"}, "metricsPort": 0},
+     "spec.spares needs spec.metricsPort"),
+    ({"spares": 1, "recovery": {"mode": "InProcess"}, "maxReplicas": MAX_WORKERS},
+     f"spec.maxReplicas (spec.replicas when unset) + spec.spares must be <= {MAX_WORKERS}"),
 ])
 def test_invalid_specs_fail_with_the_field_named(overrides: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValidationError) as err:
@@ -93,3 +99,18 @@ def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
              command=["python", "-m", "elastrain_trainer.launch", "train.py"])
     assert s.in_process and s.recovery.heartbeat_timeout_seconds == 5
     assert not spec().in_process
+
+
+def test_spares_count_against_the_bound_on_worker_pods() -> None:
+    def unbounded(replicas: int, spares: int) -> TrainingJobSpec:
+        return TrainingJobSpec.model_validate({"image": "i", "replicas": replicas,
+                                               "spares": spares,
+                                               "recovery": {"mode": "InProcess"}})
+    s = unbounded(MAX_WORKERS - 2, 2)
+    assert (s.desired_workers, s.spares, s.worker_pods) == (MAX_WORKERS - 2, 2, MAX_WORKERS)
+    with pytest.raises(ValidationError, match=r"spec\.spares"):
+        unbounded(MAX_WORKERS - 1, 2)
+    bounded = spec(replicas=2, maxReplicas=MAX_WORKERS - 3, spares=3,
+                   recovery={"mode": "InProcess"})
+    assert bounded.worker_pods == 5
+    assert spec().spares == 0 and spec().worker_pods == spec().desired_workers
