@@ -1,8 +1,9 @@
 """`elastrain describe`: what kubectl does not already show about a TrainingJob.
 
 Pure: the caller fetches the job and its pods (as API dicts) and prints the returned text.
-Shows each worker slot with its pod, phase, node and attempt, the rendezvous store (and why it
-is not Ready, from the RendezvousStoreReady condition), the trainer's progress, last checkpoint
+Shows each worker slot with its pod, phase, node and attempt, the warm spares ready, the
+rendezvous store (and why it is not Ready, from the RendezvousStoreReady condition), the
+trainer's progress, last checkpoint
 and checkpoint health, the newest resume that skipped a damaged checkpoint (what, why, from
 which step training resumed, the steps lost), both budgets, the recent counted losses and how
 long training took to run again after the newest of them.
@@ -41,6 +42,9 @@ def _header(job: TrainingJob) -> list[str]:
     limit = "unbounded" if spec.max_replicas is None else str(spec.max_replicas)
     lines = [f"TrainingJob {job.metadata.namespace}/{job.metadata.name}: {s.phase}, "
              f"workers {s.workers or '0/0'} (min {spec.min_replicas}, max {limit})"]
+    if spec.spares:
+        lines.append(f"Spares: {s.ready_spares or 0} ready of {spec.spares} (warm: each takes a "
+                     "lost worker's place at the next step)")
     if s.progress is not None:
         loss = "n/a" if s.progress.loss is None else f"{s.progress.loss:.4g}"
         world = "" if s.progress.world_size is None else f", world size {s.progress.world_size}"

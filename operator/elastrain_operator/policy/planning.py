@@ -15,6 +15,13 @@ Reads as the steps of one reconcile, each a pure function of its inputs and `now
    including how long training took to run again after the newest loss (policy.progress)
    and a resume that skipped a damaged checkpoint (policy.fallback).
 
+Warm spares (spec.spares, docs/recovery.md section 9): the job keeps desired + spares worker
+slots, every one a worker pod like any other (created, counted when lost, replaced); which pods
+train and which wait is the trainers' choice, told in /progress `role`. So spares change the pod
+count only: status.replicas and the WORKERS column stay members/desired (readyReplicas leaves
+out status.readySpares), a spare's report is never the job's step nor its liveness, and the job is
+back to its size once desired workers run again (a spare takes a lost worker's place at once).
+
 Success, precisely: torchrun exits 0 only when its worker group completed, so the first worker
 pod that Succeeded (exit 0 and no disruption) means the world finished training. From then on
 the job is finishing: nothing is counted or replaced, and it Succeeds once no worker of the job
@@ -51,8 +58,10 @@ from elastrain_operator.policy.fallback import newest_fallback
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import (
     ProgressReport,
+    count_spares,
     derive_training_recovery,
     final_reports,
+    member_reports,
     merge_progress,
 )
 from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
@@ -199,7 +208,7 @@ def _count_store_loss(r: _Round, job: TrainingJob, pod: WorkerPod, slot: WorkerS
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
 
 
-def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
+def _account(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
              counting: bool, now: datetime) -> None:
     """Raise the attempt of every slot whose current pod is lost (counting it) or retired."""
     slots = {s.index: s for s in r.acct.slots}
@@ -210,7 +219,7 @@ def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
         if newest > slot.attempt:  # the status lost a write someone made; trust the pods
             slot = WorkerSlot(index=index, attempt=newest)
         current = next((p for p in grouped.get(index, []) if p.attempt == slot.attempt), None)
-        if current is not None and index >= desired:
+        if current is not None and index >= pods:
             slot = WorkerSlot(index=index, attempt=slot.attempt + 1)
         elif current is not None and counting:
             exit_ = classify_pod_exit(current)
@@ -222,17 +231,35 @@ def _account(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
     r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
 
 
-def _counts(job: TrainingJob, r: _Round, observed: Observed, desired: int) -> WorkerCounts:
+def _counts(job: TrainingJob, r: _Round, observed: Observed, *, desired: int,
+            pods: int) -> WorkerCounts:
     current = current_pods(r.acct.slots, observed.workers)
-    active = [p for i, p in current.items() if i < desired]
+    active = [p for i, p in current.items() if i < pods]
     states = [classify_pod_exit(p) for p in active]
     pending = [p for p, s in zip(active, states, strict=True) if s is Exit.PENDING]
+    ready = sum(p.ready for p, s in zip(active, states, strict=True) if s is Exit.RUNNING)
     return WorkerCounts(
         desired=desired,
+        spares=pods - desired,
         running=sum(s is Exit.RUNNING for s in states),
-        ready=sum(p.ready for p, s in zip(active, states, strict=True) if s is Exit.RUNNING),
+        ready=ready,
+        ready_spares=_ready_spares(job, observed, spares=pods - desired, ready=ready),
         pending=len(pending),
         unschedulable=next((p.unschedulable for p in pending if p.unschedulable), ""))
+
+
+def _ready_spares(job: TrainingJob, observed: Observed, *, spares: int, ready: int) -> int:
+    """Ready pods whose trainer said it waits as a spare. A round with a poll counts them (the
+    trainers' batch rule may keep more than spec.spares out of the world). Between polls the
+    ready workers of the last status keep their place: a ready pod lost is taken from the
+    spares (a spare takes a lost worker's place at once), and a pod that became ready is no
+    spare until a poll says so; so a round without a poll never flips what a poll wrote."""
+    if not spares:
+        return 0
+    if observed.progress is not None:
+        return min(count_spares(observed.progress), ready)
+    old = job.status
+    return min(old.ready_spares or 0, max(ready - old.ready_replicas, 0))
 
 
 def _cleanup_stale(r: _Round, observed: Observed) -> None:
@@ -257,7 +284,7 @@ def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
         r.delete_pods.append(store_name(job.metadata.name))
 
 
-def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
+def _converge(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
               finishing: bool, network: MetricsPeers | None,
               now: datetime) -> tuple[bool, bool, datetime | None]:
     """Create what is missing; returns (created anything, waiting for a backoff, waiting for
@@ -273,16 +300,16 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
     if network is not None and not observed.network_policy:
         r.create.append(render_network_policy(job, network))
     store = observed.store
-    if desired and store is None:
+    if pods and store is None:
         r.create.append(render_store_pod(job))
         created = True
     elif store is not None and not store.deleting and (
-            not desired or store.phase in ("Failed", "Succeeded")):
+            not pods or store.phase in ("Failed", "Succeeded")):
         r.delete_pods.append(store_name(name))
     in_backoff, held = False, None
     hold = store_hold(r.acct.store, now=now)
     current = current_pods(r.acct.slots, observed.workers)
-    for slot in r.acct.slots[:desired] if not finishing else ():
+    for slot in r.acct.slots[:pods] if not finishing else ():
         if slot.index in current:
             continue
         if slot.replace_after is not None and now < slot.replace_after:
@@ -296,17 +323,17 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, desired: int,
     return created, in_backoff, held
 
 
-def _ensure_slots(r: _Round, desired: int) -> None:
+def _ensure_slots(r: _Round, pods: int) -> None:
     have = {s.index for s in r.acct.slots}
-    extra = [WorkerSlot(index=i) for i in range(desired) if i not in have]
+    extra = [WorkerSlot(index=i) for i in range(pods) if i not in have]
     if extra:
         r.acct = replace(r.acct, slots=tuple(sorted((*r.acct.slots, *extra),
                                                     key=lambda s: s.index)))
 
 
-def _is_finishing(r: _Round, observed: Observed, desired: int) -> bool:
+def _is_finishing(r: _Round, observed: Observed, pods: int) -> bool:
     current = current_pods(r.acct.slots, observed.workers)
-    return any(classify_pod_exit(p) is Exit.SUCCEEDED for i, p in current.items() if i < desired)
+    return any(classify_pod_exit(p) is Exit.SUCCEEDED for i, p in current.items() if i < pods)
 
 
 def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
@@ -370,21 +397,22 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         for s in sorted(observed.foreign_services))
     terminal_already = old.phase in TERMINAL
     desired = 0 if job.spec.suspend or terminal_already else job.spec.desired_workers
-    _ensure_slots(r, desired)
+    pods = job.spec.worker_pods if desired else 0  # worker slots: workers + warm spares
+    _ensure_slots(r, pods)
     if job.spec.suspend and not terminal_already:
         r.acct = replace(r.acct, store=None)  # the store is deleted; a resume starts anew
     elif desired:
         r.acct = replace(r.acct, store=track_store(r.acct.store, observed.store, now=now))
     store = derive_store_readiness(observed.store)
-    finishing = _is_finishing(r, observed, desired)
+    finishing = _is_finishing(r, observed, pods)
     if not terminal_already:
-        _account(r, job, observed, desired=desired, counting=not (finishing or blocking),
-                 now=now)
+        _account(r, job, observed, pods=pods, counting=not (finishing or blocking), now=now)
     reports = _reports(observed)
+    training = member_reports(reports)  # a waiting spare's report says nothing of training
     hung = None
     if old.phase == "Running" and not (terminal_already or finishing or blocking):
-        hung = _restart_if_hung(r, job, observed, reports, desired=desired, now=now)
-    counts = _counts(job, r, observed, desired)
+        hung = _restart_if_hung(r, job, observed, training, pods=pods, now=now)
+    counts = _counts(job, r, observed, desired=desired, pods=pods)
     terminal = None if terminal_already else _decide_terminal(
         job, r, counts, finishing=finishing, store=store, now=now)
     created = in_backoff = False
@@ -394,27 +422,27 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     else:
         _cleanup_stale(r, observed)
         if not blocking:
-            created, in_backoff, held = _converge(r, job, observed, desired=desired,
+            created, in_backoff, held = _converge(r, job, observed, pods=pods,
                                                   finishing=finishing, network=network,
                                                   now=now)
-    recovered = _recovery(r, observed, desired, now) if terminal is None else None
+    recovered = _recovery(r, observed, counts, now) if terminal is None else None
     if r.acct.backoff_until is not None and now >= r.acct.backoff_until:
         r.acct = replace(r.acct, backoff_until=None)
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
-    training = derive_training_recovery(old.last_recovery, r.acct.losses, reports,
-                                        mode=job.spec.recovery.mode)
+    resumed = derive_training_recovery(old.last_recovery, r.acct.losses, training,
+                                       mode=job.spec.recovery.mode)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
                       finishing=finishing, in_backoff=in_backoff,
                       progress=merge_progress(old.progress, old.last_checkpoint,
-                                              reports),
-                      last_recovery=training or old.last_recovery,
+                                              training),
+                      last_recovery=resumed or old.last_recovery,
                       fallback=newest_fallback(old.checkpoint_fallback,
                                                [rep.fallback for rep in reports or ()]),
                       store=None if terminal_already else store, store_hold=held)
     status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
-                             reports, now)
+                             training, now)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
         events.extend(_finish_warnings(observed))
@@ -427,28 +455,29 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     if recovered is not None:
         events.append(EventSpec("Normal", c.RECOVERED,
                                 f"back to {desired} workers {recovered:.1f}s after a loss"))
-    if training is not None:
-        events.append(_training_resumed(training))
+    if resumed is not None:
+        events.append(_training_resumed(resumed))
     return Plan(status=status, create=tuple(r.create), delete_pods=tuple(r.delete_pods),
                 release_pods=tuple(r.release_pods),
                 delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
                 counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
-                recovered_after_seconds=recovered, training_recovery=training,
+                recovered_after_seconds=recovered, training_recovery=resumed,
                 hung=hung is not None)
 
 
 def _restart_if_hung(r: _Round, job: TrainingJob, observed: Observed,
-                     reports: Sequence[ProgressReport] | None, *, desired: int,
+                     reports: Sequence[ProgressReport] | None, *, pods: int,
                      now: datetime) -> float | None:
-    """Restart every running worker as one counted failure when no step completed for
-    spec.hangTimeoutSeconds (policy.hang); the seconds without a step, or None."""
+    """Restart every running worker (spares too) as one counted failure when no step
+    completed for spec.hangTimeoutSeconds (policy.hang); the seconds without a step, or None.
+    `reports`: the members' (a spare steps no step)."""
     timeout = job.spec.hang_timeout_seconds
     stalled = stalled_seconds(reports, timeout_seconds=timeout, now=now)
     if stalled is None:
         return None
     current = current_pods(r.acct.slots, observed.workers)
     running = {i: p for i, p in current.items()
-               if i < desired and classify_pod_exit(p) is Exit.RUNNING}
+               if i < pods and classify_pod_exit(p) is Exit.RUNNING}
     if not running:
         return None
     why = (f"no training step completed for {stalled:.0f}s "
@@ -499,19 +528,24 @@ def _training_resumed(rec: TrainingRecovery) -> EventSpec:
                      f"training resumed{how} {start} {rec.seconds:.1f}s after {rec.pod} was lost")
 
 
-def _recovery(r: _Round, observed: Observed, desired: int, now: datetime) -> float | None:
-    """Seconds from the first loss until every lost slot runs a worker again, when it just got
-    there. Only the lost slots count: an extra worker that never got scheduled is reported as
-    pending, and must not keep the job "restarting" forever."""
+def _recovery(r: _Round, observed: Observed, counts: WorkerCounts,
+              now: datetime) -> float | None:
+    """Seconds from the first loss until every lost slot runs a worker again, or (warm spares)
+    desired workers run again, when it just got there. Only the lost slots count: an extra
+    worker that never got scheduled is reported as pending, and must not keep the job
+    "restarting" forever. Without spares the second test implies the first; with them a spare
+    takes a lost worker's place while the lost slot's replacement starts (the new spare)."""
     since = r.acct.recovering_since
     if since is None:
         return None
-    if desired == 0:
+    if counts.desired == 0:
         r.acct = replace(r.acct, recovering_since=None)
         return None
     current = current_pods(r.acct.slots, observed.workers)
-    lost = {loss.index for loss in r.acct.losses if loss.time >= since and loss.index < desired}
-    back = all(i in current and classify_pod_exit(current[i]) is Exit.RUNNING for i in lost)
+    pods = counts.desired + counts.spares
+    lost = {loss.index for loss in r.acct.losses if loss.time >= since and loss.index < pods}
+    back = counts.running >= counts.desired or all(
+        i in current and classify_pod_exit(current[i]) is Exit.RUNNING for i in lost)
     if not back or r.counted_restarts or r.counted_preemptions:
         return None
     r.acct = replace(r.acct, recovering_since=None)

@@ -4,11 +4,17 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 `{"step": int, "totalSteps": int, "loss": float|null, "worldSize": int,
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
-"lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null}` (the last five
-are newer: older trainers leave them out).
-The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored) and
-keeps the largest step. So the operator needs no object-store credentials
-and the workers need no RBAC.
+"lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null,
+"role": "member"|"spare"}` (the last six are newer: older trainers leave them out; `role` only
+in-process trainers send, once a plan named them).
+The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored) as
+`GET /progress?replicas=<desired workers>` (how in-process trainers learn the desired world after
+a scale; others ignore the query) and keeps the largest step. So the operator needs no
+object-store credentials and the workers need no RBAC.
+
+Warm spares (spec.spares): a trainer that waits beyond the world reports role "spare". It trains
+no step, so its report never counts as the job's progress, training recovery or liveness
+(`member_reports`); it only counts toward status.readySpares (`count_spares`).
 
 Training recovery: trainingSince is when the first step after the worker group's latest
 (re)start ended. The first report whose trainingSince is later than the newest counted loss
@@ -26,7 +32,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -43,6 +49,9 @@ from elastrain_operator.policy.checkpoints import parse_checkpoint_health
 from elastrain_operator.policy.failures import WorkerPod, aware_time
 from elastrain_operator.policy.fallback import parse_checkpoint_fallback
 
+Role = Literal["member", "spare"]
+ROLES: tuple[Role, ...] = ("member", "spare")
+
 
 @dataclass(frozen=True)
 class ProgressReport:
@@ -50,6 +59,11 @@ class ProgressReport:
     checkpoint: CheckpointRef | None = None
     started_at: datetime | None = None  # when this trainer process (worker group start) began
     fallback: CheckpointFallback | None = None  # how this start's resume skipped a checkpoint
+    role: Role | None = None  # in-process only: in the world, or waiting as a spare
+
+    @property
+    def spare(self) -> bool:
+        return self.role == "spare"
 
 
 def parse_progress(payload: Any) -> ProgressReport | None:
@@ -72,7 +86,26 @@ def parse_progress(payload: Any) -> ProgressReport | None:
     except (KeyError, TypeError, ValueError, ValidationError):
         return None
     return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at,
-                          fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")))
+                          fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")),
+                          role=_role(payload.get("role")))
+
+
+def _role(raw: Any) -> Role | None:
+    """The newer "role" field; anything but a known role is dropped, not the whole report."""
+    return next((r for r in ROLES if r == raw), None)
+
+
+def member_reports(reports: Sequence[ProgressReport] | None,
+                   ) -> tuple[ProgressReport, ...] | None:
+    """The reports of trainers in the world: a spare steps no step, so its step, start and
+    trainingSince say nothing about the job's training (None stays None: nothing polled)."""
+    if reports is None:
+        return None
+    return tuple(r for r in reports if not r.spare)
+
+
+def count_spares(reports: Sequence[ProgressReport]) -> int:
+    return sum(r.spare for r in reports)
 
 
 def _validation(raw: Any) -> ValidationLoss | None:

@@ -1,11 +1,13 @@
 """Status derivation: phase, conditions and the transition events, from what the planner decided.
 
 Phase: Failed/Succeeded are terminal and sticky. Otherwise Suspended while spec.suspend; Running
-while at least minReplicas workers run; Restarting when a job that was running fell below
-minReplicas; Pending before it first got there. Conditions keep their lastTransitionTime while
-their status does not change. Events are derived by comparing the old and new conditions, so
-every transition is announced once, after the status write that made it; so is each new
-checkpoint fallback (policy.fallback), which leaves CheckpointFallback True.
+while at least minReplicas worker pods run (a warm spare counts: it takes a lost worker's place at
+once); Restarting when a job that was running fell below minReplicas; Pending before it first got
+there. AllWorkersRunning needs the spares too; readyReplicas and WORKERS count no waiting
+spare. Conditions keep their lastTransitionTime while their status does not change. Events are
+derived by comparing the old and new conditions, so every transition is announced once, after
+the status write that made it; so is each new checkpoint fallback (policy.fallback), which
+leaves CheckpointFallback True.
 """
 
 from __future__ import annotations
@@ -56,13 +58,28 @@ class EventSpec:
 
 @dataclass(frozen=True)
 class WorkerCounts:
-    """The current pods of the active slots."""
+    """The current pods of the active slots (desired workers plus warm spares)."""
 
-    desired: int = 0
+    desired: int = 0  # workers (members of the world); status.replicas
+    spares: int = 0  # warm spares kept beyond them (spec.spares)
     running: int = 0
     ready: int = 0
+    ready_spares: int = 0  # of the ready pods, those whose trainer waits as a spare
     pending: int = 0
     unschedulable: str = ""  # the scheduler's message for one unschedulable worker
+
+    @property
+    def ready_workers(self) -> int:
+        """Ready pods that are not waiting spares; never more than desired (a spare the poll
+        did not reach is not taken for a member)."""
+        return min(max(self.ready - self.ready_spares, 0), self.desired)
+
+    @property
+    def wanted(self) -> str:
+        """What the job keeps, in words: "3 workers", or "3 workers + 1 spare"."""
+        if not self.spares:
+            return f"{self.desired} workers"
+        return f"{self.desired} workers + {self.spares} spare{'s' if self.spares > 1 else ''}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +160,7 @@ def _running_condition(phase: Phase, job: TrainingJob, counts: WorkerCounts,
     spec = job.spec
     if phase == "Running":
         reason = c.JOB_FINISHING if outcome.finishing else c.WORKERS_RUNNING
-        return True, reason, (f"{counts.running} of {counts.desired} workers running "
+        return True, reason, (f"{counts.running} of {counts.wanted} running "
                               f"(minReplicas {spec.min_replicas})")
     if phase in TERMINAL:
         return False, c.JOB_TERMINATED, f"the job {phase.lower()}"
@@ -162,8 +179,8 @@ def _all_running_condition(phase: Phase, counts: WorkerCounts, outcome: Outcome,
         return False, c.JOB_TERMINATED, f"the job {phase.lower()}"
     if phase == "Suspended":
         return False, c.JOB_SUSPENDED, "spec.suspend is true"
-    if counts.desired and counts.running >= counts.desired:
-        return True, c.WORKERS_RUNNING, f"all {counts.desired} workers running"
+    if counts.desired and counts.running >= counts.desired + counts.spares:
+        return True, c.WORKERS_RUNNING, f"all {counts.wanted} running"
     if outcome.store_hold is not None:
         return False, c.WAITING_FOR_STORE, (
             "replacing workers lost to the rendezvous store after "
@@ -171,7 +188,7 @@ def _all_running_condition(phase: Phase, counts: WorkerCounts, outcome: Outcome,
     if outcome.in_backoff and acct.backoff_until is not None:
         return False, c.BACKOFF, ("replacing a failed worker after "
                                   f"{acct.backoff_until.isoformat()}")
-    message = f"{counts.running} of {counts.desired} workers running, {counts.pending} pending"
+    message = f"{counts.running} of {counts.wanted} running, {counts.pending} pending"
     if counts.unschedulable:
         message += f" ({counts.unschedulable})"
     return False, c.WORKERS_PENDING, message
@@ -234,8 +251,9 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
         "phase": phase,
         "conditions": _conditions(job, phase, counts, outcome, acct, now),
         "replicas": counts.desired,
-        "ready_replicas": counts.ready,
-        "workers": f"{counts.ready}/{counts.desired}",
+        "ready_replicas": counts.ready_workers,
+        "workers": f"{counts.ready_workers}/{counts.desired}",
+        "ready_spares": counts.ready_spares if counts.spares else None,
         "pending_replicas": counts.pending,
         "selector": worker_selector(job.metadata.name),
         "restarts": acct.restarts,
