@@ -104,6 +104,9 @@ def render_inprocess_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "ELASTRAIN_REPLICAS": str(spec.desired_workers),
         "ELASTRAIN_MAX_REPLICAS": str(spec.effective_max_replicas),
         "ELASTRAIN_MIN_REPLICAS": str(spec.min_replicas),
+        # With spares the world is the desired one (ELASTRAIN_REPLICAS until the operator's
+        # /progress?replicas= poll says otherwise); the nodes beyond it wait as spares.
+        "ELASTRAIN_SPARES": str(spec.spares),
         "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(spec.recovery.heartbeat_timeout_seconds),
     }
 

@@ -138,13 +138,14 @@ def test_inprocess_workers_run_torchrun_standalone_and_join_the_job_store() -> N
     assert {k: v for k, v in plain.items()
             if k in {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE", "ELASTRAIN_RUN_ID",
                      "ELASTRAIN_REPLICAS", "ELASTRAIN_MAX_REPLICAS", "ELASTRAIN_MIN_REPLICAS",
-                     "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"}} == {
+                     "ELASTRAIN_SPARES", "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"}} == {
         "ELASTRAIN_RECOVERY": "inProcess",
         "ELASTRAIN_STORE": "demo-rdzv.ml.svc:29400",
         "ELASTRAIN_RUN_ID": "uid-1",
         "ELASTRAIN_REPLICAS": "3",
         "ELASTRAIN_MAX_REPLICAS": "4",
         "ELASTRAIN_MIN_REPLICAS": "2",
+        "ELASTRAIN_SPARES": "0",
         "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": "3",
     }
     node_id = [e for e in env if e["name"] == "ELASTRAIN_NODE_ID"]
@@ -152,11 +153,21 @@ def test_inprocess_workers_run_torchrun_standalone_and_join_the_job_store() -> N
                         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
 
 
+def test_spares_reach_the_trainers_and_the_world_stays_the_desired_one() -> None:
+    env = render_worker_env(spec(replicas=3, maxReplicas=4, spares=2,
+                                 recovery={"mode": "InProcess"}),
+                            namespace="ml", job_uid="uid-1", job_name="demo")
+    plain = {e["name"]: e["value"] for e in env if "value" in e}
+    assert (plain["ELASTRAIN_SPARES"], plain["ELASTRAIN_REPLICAS"],
+            plain["ELASTRAIN_MAX_REPLICAS"]) == ("2", "3", "4")
+
+
 def test_restart_mode_renders_no_inprocess_setting() -> None:
     names = {e["name"] for e in render_worker_env(spec(), namespace="n", job_uid="u",
                                                   job_name="j")}
     assert not {n for n in names if n in {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE",
-                                          "ELASTRAIN_NODE_ID", "PET_STANDALONE"}}
+                                          "ELASTRAIN_NODE_ID", "ELASTRAIN_SPARES",
+                                          "PET_STANDALONE"}}
 
 
 def test_inprocess_node_id_from_the_user_wins() -> None:
