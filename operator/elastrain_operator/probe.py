@@ -1,5 +1,9 @@
 """Poll the trainers' `GET /progress` (see policy.progress for the contract).
 
+In-process jobs are asked `GET /progress?replicas=<desired workers>`: how their trainers learn
+the desired world after `kubectl scale` (and so who waits as a spare). Restart-mode jobs are asked
+the plain path, as before: a trainer image older than the query answers any other path 404.
+
 Short timeouts and every failure ignored: progress is nice to have, never a reason for a
 reconcile to fail or stall. At most MAX_POLLED Ready workers are asked, in parallel.
 """
@@ -11,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from elastrain_operator.model.spec import TrainingJobSpec
 from elastrain_operator.policy.failures import WorkerPod, answers_progress
 from elastrain_operator.policy.progress import ProgressReport, parse_progress
 
@@ -18,19 +23,32 @@ TIMEOUT_SECONDS = 1.0
 MAX_POLLED = 8
 
 
-def fetch_progress(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> ProgressReport | None:
+def progress_url(ip: str, port: int, replicas: int | None) -> str:
     host = f"[{ip}]" if ":" in ip else ip
+    query = "" if replicas is None else f"?replicas={replicas}"
+    return f"http://{host}:{port}/progress{query}"
+
+
+def fetch_progress(ip: str, port: int, replicas: int | None = None,
+                   timeout: float = TIMEOUT_SECONDS) -> ProgressReport | None:
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/progress", timeout=timeout) as rsp:
+        with urllib.request.urlopen(progress_url(ip, port, replicas), timeout=timeout) as rsp:
             return parse_progress(json.loads(rsp.read(65536)))
     except (OSError, ValueError):
         return None
 
 
-def poll_progress(workers: Sequence[WorkerPod], port: int) -> tuple[ProgressReport, ...]:
+def poll_progress(workers: Sequence[WorkerPod], port: int,
+                  replicas: int | None = None) -> tuple[ProgressReport, ...]:
+    """`replicas`: the desired workers to tell every trainer (None: ask the plain path)."""
     targets = [w.pod_ip for w in workers if answers_progress(w)][:MAX_POLLED]
     if not targets or not port:
         return ()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        reports = list(pool.map(lambda ip: fetch_progress(ip, port), targets))
+        reports = list(pool.map(lambda ip: fetch_progress(ip, port, replicas), targets))
     return tuple(r for r in reports if r is not None)
+
+
+def told_replicas(spec: TrainingJobSpec) -> int | None:
+    """What a poll of this job tells its trainers: the desired workers, in-process only."""
+    return spec.desired_workers if spec.in_process else None

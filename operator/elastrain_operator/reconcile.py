@@ -43,7 +43,7 @@ from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
-from elastrain_operator.probe import poll_progress
+from elastrain_operator.probe import poll_progress, told_replicas
 from elastrain_operator.render.network import MetricsPeers
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,9 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         return True, options
     observed = children.observed
     if options.poll_progress:
-        observed = replace(observed, progress=poll_progress(observed.workers,
-                                                            cached.job.spec.metrics_port))
+        spec = cached.job.spec
+        observed = replace(observed, progress=poll_progress(
+            observed.workers, spec.metrics_port, told_replicas(spec)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -168,7 +169,8 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         observed = replace(observed, progress=options.progress)
     elif options.poll_progress:
         if not polled:
-            polled.append(poll_progress(observed.workers, job.spec.metrics_port))
+            polled.append(poll_progress(observed.workers, job.spec.metrics_port,
+                                        told_replicas(job.spec)))
         observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:

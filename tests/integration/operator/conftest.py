@@ -282,24 +282,28 @@ def operator(operator_factory: Callable[..., Operator]) -> Operator:
 
 
 class StandInProgress:
-    """A stand-in for a trainer's `GET /progress` on 127.0.0.1: serves `document` and counts the
-    polls; with `answers`, only that many polls get it and later ones 503 (a trainer that gave
-    up at start serves its reason until one poll read it, then exits)."""
+    """A stand-in for a trainer's `GET /progress` on 127.0.0.1 (or `host`): serves `document`
+    and counts the polls (`paths`: what each asked for, query included); with `answers`, only
+    that many polls get it and later ones 503 (a trainer that gave up at start serves its
+    reason until one poll read it, then exits)."""
 
     def __init__(self, document: dict[str, Any] | None = None,
-                 answers: int | None = None) -> None:
+                 answers: int | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.document: dict[str, Any] = document or {}
         self.polls = 0
+        self.paths: list[str] = []
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 stand_in.polls += 1
+                stand_in.paths.append(self.path)
                 if answers is not None and stand_in.polls > answers:
                     self.send_error(503)
                     return
                 body = json.dumps(stand_in.document).encode()
-                self.send_response(200 if self.path == "/progress" else 404)
+                # As the trainer does: the query (?replicas=N) is not part of the path.
+                self.send_response(200 if self.path.partition("?")[0] == "/progress" else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -308,7 +312,7 @@ class StandInProgress:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

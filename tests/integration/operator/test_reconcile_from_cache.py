@@ -69,6 +69,7 @@ def test_what_a_round_polled_survives_its_lost_status_race(cluster: Cluster) -> 
     finally:
         trainer.close()
     assert trainer.polls == 1, "the round that read the job fresh polled the trainer again"
+    assert trainer.paths == ["/progress"]  # restart mode: the plain path, as older trainers know
     status = cluster.status("polled")
     assert status.get("preemptions") == 7
     health = status["progress"]["checkpointHealth"]
