@@ -8,9 +8,10 @@ when its process started (`startedAt`) and when its latest step ended (`lastStep
 
 The job is hung when spec.hangTimeoutSeconds (0: off) have passed since the newest of those
 times across the Ready workers polled this round (members only: a warm spare steps no step, so
-the planner leaves its report out; it can neither hide a hang nor make one). Then the Hung condition turns True (Warning
-event NoTrainingProgress), and every current worker is restarted as ONE counted failure (a hang
-is the job's own fault as far as anyone can tell, and must spend the same budget): their slots
+the planner leaves its report out; it can neither hide a hang nor make one). Then the Hung
+condition turns True (Warning event NoTrainingProgress), and every current worker is restarted
+as ONE counted failure (a hang is the job's own fault as far as anyone can tell, and must spend
+the same budget): their slots
 get a new attempt in the status write that counts it, so the deleted pods are not mistaken for
 preemptions, and the replacements wait for the failure's backoff like any other. A round with no
 report (metricsPort 0, no worker Ready, polling off) never decides a hang. Hung turns False
