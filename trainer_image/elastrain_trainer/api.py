@@ -282,11 +282,12 @@ class Session:
     def __enter__(self) -> Session:
         cfg = self.config
         self.denv = init_distributed()
+        # Before the join: a spare waits in it, and answers the operator's poll meanwhile.
+        self._server = self._serve_metrics()
         joined_live = _inprocess is not None and self._join()
         assert _groups is not None
         self._groups = _groups
         metrics.record_start(cfg.steps, self.denv.world_size, self.denv.restart_count)
-        self._server = self._serve_metrics()
         if not joined_live:  # a collective: a live job's members checked it long ago
             ensure_checkpoint_location(cfg, self.denv.local_rank, self._groups.control,
                                        serving=self._server is not None)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -97,6 +98,11 @@ class _Progress:
     # "InProcess" (docs/recovery.md); the generation of the process group (InProcess only).
     recovery_mode: str = "Restart"
     generation: int | None = None
+    # InProcess with spares: "member" (in the world) or "spare" (waiting beyond it); None
+    # before a plan named this node, and in Restart mode (left out of the document then).
+    role: str | None = None
+    # The desired world (spec.replicas) from the operator's poll, `/progress?replicas=N`.
+    desired_replicas: int | None = None
 
 
 _progress = _Progress()
@@ -163,6 +169,24 @@ def record_generation(generation: int, world_size: int, step: int, *, regrouped:
         if regrouped:
             _progress.step = _progress.resumed_from_step = step
             _progress.training_since = None
+
+
+def record_role(role: str) -> None:
+    with _lock:
+        _progress.role = role
+
+
+def desired_replicas() -> int | None:
+    """What the operator's latest `/progress?replicas=N` said (None: not polled yet)."""
+    with _lock:
+        return _progress.desired_replicas
+
+
+def _heard_replicas(query: str) -> None:
+    values = parse_qs(query).get("replicas", [])
+    if values and values[-1].isdigit() and int(values[-1]) > 0:
+        with _lock:
+            _progress.desired_replicas = int(values[-1])
 
 
 def record_resumed(step: int) -> None:
@@ -270,7 +294,8 @@ def _document() -> dict[str, Any]:
             "validation": _validation(),
             "memory": _memory(),
             "recoveryMode": _progress.recovery_mode,
-            "generation": _progress.generation}
+            "generation": _progress.generation,
+            **({"role": _progress.role} if _progress.role is not None else {})}
 
 
 def _validation() -> dict[str, Any] | None:
@@ -315,9 +340,11 @@ def _rfc3339(moment: datetime) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        if self.path == "/metrics":
+        path, _, query = self.path.partition("?")
+        if path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
-        elif self.path == "/progress":
+        elif path == "/progress":
+            _heard_replicas(query)
             body, ctype = json.dumps(_served_progress_document()).encode(), "application/json"
         else:
             self.send_error(404)

@@ -4,6 +4,8 @@ the store's key names. No store, no process."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from elastrain_trainer.inprocess import membership as m
@@ -56,6 +58,28 @@ def test_nodes_beyond_the_largest_batch_preserving_world_wait_as_spares() -> Non
     after = plan_generation(plan, Requests(step=7, dead=frozenset("b"), joining=("e",)), cfg)
     assert after.nodes == ("a", "c", "d") and after.spares == ("e",)
     assert after.heal == {"d": "a"} and after.reason == "fail"
+
+
+def test_a_smaller_desired_world_sets_the_last_members_aside_as_spares_and_back() -> None:
+    """spec.spares: the world is the desired one (a PlanConfig with max_world = desired); a
+    member set aside waits first among the spares and is healed when taken back."""
+    three = started("a", "b", "c", "d")
+    two = dataclasses.replace(CFG, max_world=2)
+    down = plan_generation(three, Requests(step=7), two)
+    assert (down.nodes, down.spares, down.reason, down.heal) == (("a", "b"), ("c", "d"),
+                                                                 "resize", {})
+    up = plan_generation(down, Requests(step=9), CFG)
+    assert (up.nodes, up.spares, up.reason) == (("a", "b", "c"), ("d",), "resize")
+    assert up.heal == {"c": "a"} and up.step == 9
+
+
+def test_a_dead_or_leaving_spare_is_dropped_without_failing_the_world() -> None:
+    plan = started("a", "b", "c", "d", "e")
+    assert plan.spares == ("d", "e")
+    after = plan_generation(plan, Requests(step=4, dead=frozenset("d"),
+                                           leaving=frozenset("e")), CFG)
+    assert (after.nodes, after.spares, after.reason, after.heal) == (("a", "b", "c"), (),
+                                                                     "resize", {})
 
 
 def test_a_failure_resumes_at_the_newest_committed_step_and_heals_those_behind() -> None:

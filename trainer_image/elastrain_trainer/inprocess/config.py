@@ -12,6 +12,10 @@
                                             ELASTRAIN_REPLICAS), the same for every pod of the
                                             job: a scale-up pod joins the world, not the spares
     ELASTRAIN_MIN_REPLICAS=1                below this no generation forms
+    ELASTRAIN_SPARES=0                      spec.spares: > 0, the world is the desired one
+                                            (ELASTRAIN_REPLICAS until the operator's
+                                            /progress?replicas= says otherwise) and the
+                                            nodes beyond it wait as spares
     ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS=5   a silent node is dead after this (min 2)
 """
 
@@ -35,6 +39,7 @@ class InProcessConfig:
     min_replicas: int = 1
     heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
     max_replicas: int = 0  # 0: replicas
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if self.max_replicas == 0:
@@ -49,6 +54,8 @@ class InProcessConfig:
         if self.max_replicas < self.replicas:
             raise ValueError(f"ELASTRAIN_MAX_REPLICAS={self.max_replicas}, ELASTRAIN_REPLICAS="
                              f"{self.replicas}: need replicas <= max")
+        if self.spares < 0:
+            raise ValueError(f"ELASTRAIN_SPARES={self.spares}: need >= 0")
         if self.heartbeat_timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS={self.heartbeat_timeout_s}: "
                              f"at least {MIN_TIMEOUT_S}")
@@ -77,4 +84,5 @@ def read_inprocess_config(env: Mapping[str, str]) -> InProcessConfig | None:
         min_replicas=int(env.get("ELASTRAIN_MIN_REPLICAS", "1")),
         heartbeat_timeout_s=float(env.get("ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS",
                                           str(DEFAULT_TIMEOUT_S))),
-        max_replicas=int(env.get("ELASTRAIN_MAX_REPLICAS", "0")))
+        max_replicas=int(env.get("ELASTRAIN_MAX_REPLICAS", "0")),
+        spares=int(env.get("ELASTRAIN_SPARES", "0")))

@@ -41,6 +41,7 @@ class Heartbeat:
         self.timeout_s, self.interval_s = timeout_s, timeout_s / 5
         self._lock = threading.Lock()
         self._gen, self._watched = 0, frozenset[str]()
+        self._spares = frozenset[str]()  # observed, never failing a generation
         self._liveness = Liveness(timeout_s)
         self._failed_gen = 0
         self._stop = threading.Event()
@@ -64,11 +65,17 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def watch(self, gen: int, nodes: Iterable[str]) -> None:
-        """Watch `nodes` (liveness restarts for nodes not watched before) in generation `gen`."""
+    def watch(self, gen: int, nodes: Iterable[str], spares: Iterable[str] = ()) -> None:
+        """Watch `nodes` (liveness restarts for nodes not watched before) in generation `gen`;
+        observe `spares` too, whose silence fails nothing: the next plan leaves them out."""
         with self._lock:
             self._gen = gen
             self._watched = frozenset(nodes) - {self.node_id}
+            self._spares = frozenset(spares) - {self.node_id}
+
+    def dead_spares(self) -> frozenset[str]:
+        with self._lock:
+            return self._liveness.dead(time.monotonic()) & self._spares
 
     def dead(self) -> frozenset[str]:
         with self._lock:
@@ -117,8 +124,8 @@ class Heartbeat:
     def _tick(self) -> None:
         self._store.beat(self.node_id)
         with self._lock:
-            gen, watched = self._gen, self._watched
-        counters = self._store.heartbeats(watched)
+            gen, watched, spares = self._gen, self._watched, self._spares
+        counters = self._store.heartbeats(watched | spares)
         failed = gen > 0 and self._store.failed(gen)
         now = time.monotonic()
         with self._lock:

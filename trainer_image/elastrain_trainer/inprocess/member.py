@@ -21,11 +21,13 @@ store, the heartbeat, the plan and the process group's generation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -72,6 +74,12 @@ class MemberConfig:
     heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
     start_wait_s: float = 60.0        # the first generation starts with whoever came by then
     plan_wait_s: float = 60.0
+    # spec.spares > 0: the world is the desired one (what `desired` last heard from the
+    # operator, else `expected`) and the nodes beyond it wait as spares (section 9). 0: every
+    # node up to plan.max_world trains, as before.
+    spares: int = 0
+    desired: Callable[[], int | None] = lambda: None
+    on_role: Callable[[str], None] = lambda role: None  # "member" | "spare", for /progress
 
 
 @dataclasses.dataclass
@@ -104,6 +112,8 @@ class Member:
         # A generation this node was to enter failed before its group existed, and the plan
         # after it does not name this node: the old group is gone, so no stop's save either.
         self.dropped = False
+        self._join_seq = 0           # this node's newest join request
+        self._desired_sent: int | None = None
 
     def _connect(self) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
@@ -123,21 +133,33 @@ class Member:
         node of a job coordinates the start generation (every node that came in time); a node
         that finds no live generation (every node of the newest plan silent for the heartbeat
         timeout: a drain, or every survivor restarted in place) coordinates a new start
-        generation, which loads the newest checkpoint as the job's first one does."""
+        generation, which loads the newest checkpoint as the job's first one does. A node the
+        plans keep beyond the world waits here as a spare (section 9)."""
         self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
         self.epoch = self.store.claim_epoch(uuid.uuid4().hex)
         self.heartbeat.start()
         gen = self.store.generation()
-        self.store.request_join(self.node_id)
+        self._join_seq = self.store.request_join(self.node_id)
         fault_injection.after_join_request()
         if gen == 0 and self.store.try_advance(0):
             self._publish_start(None)
         # `gen` is won before its plan is published, so the plan of the generation read may
         # still name this node: look from there on.
-        gen = max(gen, 1)
+        return self._await(max(gen, 1))
+
+    def _await(self, gen: int) -> Plan:
+        """Wait from generation `gen` on for a plan that names this node in its world, and
+        enter it. Meanwhile: a SIGTERM ends the wait (the node asks to leave and exits 0, as a
+        joiner does when training finished); a plan that read this node's join request but
+        names it nowhere (a spare judged dead, a start after a dead generation) gets a new
+        one; when every node of the newest plan is silent, this node starts the next."""
         liveness = Liveness(self.cfg.heartbeat_timeout_s)
         deadline = time.monotonic() + self.cfg.plan_wait_s
+        role = ""
         while True:
+            if self.signalled:
+                self._leave_waiting()
+            self._publish_desired()
             if self.store.has_plan(gen + 1):
                 gen += 1
                 continue
@@ -156,11 +178,48 @@ class Member:
                     self._replan(plan, -1, str(e))
                     deadline = time.monotonic() + self.cfg.plan_wait_s
             else:
+                if self.node_id in plan.spares and role != "spare":
+                    role = "spare"
+                    self.cfg.on_role(role)
+                    emit("spare", node=self.node_id, gen=plan.gen, world_size=plan.world_size)
+                elif (self.node_id not in plan.spares and plan.join_seq >= self._join_seq
+                      and plan.reason != "stop"):
+                    self._join_seq = self.store.request_join(self.node_id)
                 now = time.monotonic()
                 liveness.observe(self.store.heartbeats(plan.nodes), now)
                 if liveness.dead(now) >= set(plan.nodes) and self.store.try_advance(gen):
                     self._publish_start(plan)
             time.sleep(0.05)
+
+    def _leave_waiting(self) -> None:
+        """A SIGTERM to a node outside the world (a spare, a joiner): it asks to leave, so the
+        next plan drops it, and exits 0 (no state of the job's is only here)."""
+        self.store.request_leave(self.node_id, -1)
+        self.heartbeat.stop()
+        emit("left", node=self.node_id, step=-1, waiting=True)
+        raise SystemExit(0)
+
+    def _publish_desired(self) -> None:
+        """With spares: the desired world this node heard from the operator reaches the store
+        (and, by the `pending` bump, the coordinator), once per new value."""
+        heard = self.cfg.desired() if self.cfg.spares else None
+        if heard is None or heard == self._desired_sent:
+            return
+        known = self.store.desired()
+        if known is None and heard == self.cfg.expected:
+            self.store.record_desired(heard)  # what plans assume already: no replan
+        elif known != heard:
+            self.store.request_desired(heard)
+        self._desired_sent = heard
+
+    def _plan_config(self) -> PlanConfig:
+        """The bounds of the next plan: with spares, the world is at most the desired one."""
+        base = self.cfg.plan
+        if not self.cfg.spares:
+            return base
+        desired = self.store.desired() or self.cfg.expected
+        return dataclasses.replace(base, max_world=max(base.min_world,
+                                                       min(base.max_world, desired)))
 
     def _publish_start(self, dead: Plan | None) -> None:
         """The plan of a start generation after `dead` (None: the job's first): the nodes that
@@ -180,7 +239,7 @@ class Member:
                 joining = self._beating(joining)
             try:
                 plan = plan_generation(None, Requests(step=0, joining=tuple(joining)),
-                                       self.cfg.plan)
+                                       self._plan_config())
                 break
             except NoQuorumError:  # too few nodes yet for the smallest world: wait for more
                 time.sleep(0.1)
@@ -219,7 +278,8 @@ class Member:
         regroup.destroy()
         rank = plan.rank_of(self.node_id)
         assert rank is not None
-        self.heartbeat.watch(plan.gen, plan.nodes)
+        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        self.cfg.on_role("member")
         if plan.reason != "start":
             self._arrive(plan)
         self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
@@ -294,6 +354,8 @@ class Member:
         assert self.plan is not None
         self._follow_store()
         change = False
+        with contextlib.suppress(dist.DistError):
+            self._publish_desired()
         try:  # while the store is away nothing can change: the leave waits for it
             if self.signalled and not self._leave_sent:
                 self.store.request_leave(self.node_id, step)
@@ -329,6 +391,7 @@ class Member:
         self._reconnects, self.store = self.heartbeat.reconnects, store
         if epoch != self.epoch:
             self.epoch, self.plan = epoch, plan
+            self._desired_sent = None  # the empty store forgot it: say it again
 
     def change(self, step: int) -> Plan | None:
         """Every rank, after boundary() agreed on a change: the coordinator plans the next
@@ -338,8 +401,9 @@ class Member:
         if self.rank == 0:
             pending = self.store.pending()
             seq, joining = self.store.joins_after(old.join_seq)
-            req = Requests(step=step, leaving=self.store.leaving(old.nodes),
-                           joining=tuple(joining))
+            req = Requests(step=step, leaving=self.store.leaving(
+                               old.nodes + old.spares + tuple(joining)),
+                           joining=tuple(joining), dead=self.heartbeat.dead_spares())
             self._advance(old, req, pending, seq)
         return self._follow(old, step)
 
@@ -349,7 +413,7 @@ class Member:
         try:
             if req.step < 0:  # only nodes without state (joiners) survived: start anew
                 raise NoQuorumError(f"no live node of generation {old.gen} holds a step")
-            plan = plan_generation(old, req, self.cfg.plan)
+            plan = plan_generation(old, req, self._plan_config())
         except NoQuorumError:  # below the smallest world: every node saves and ends
             plan = plan_stop(old, req.step)
         self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
@@ -363,6 +427,13 @@ class Member:
         failed = False
         while True:
             plan = self._wait_plan(old.gen + 1)
+            if self.node_id in plan.spares:
+                # Set aside (the desired world shrank): wait as a spare, in this process, and
+                # enter a later plan healed like any node that was not in the world before.
+                regroup.destroy()
+                self.groups, self.plan = None, None
+                self.heartbeat.watch(plan.gen, ())
+                return self._await(plan.gen)
             if plan.reason == "stop" or self.node_id not in plan.nodes:
                 if failed:  # the old group is gone already: end as a dropped node does
                     self.dropped = True
@@ -423,9 +494,11 @@ class Member:
                 # A node that reported and died since (a second loss) is dead all the same.
                 alive = {n: s for n, s in reports.items() if n not in dead}
                 req = Requests(step=max(alive.values()),
-                               dead=(frozenset(old.nodes) - set(alive)),
-                               leaving=self.store.leaving(old.nodes), joining=tuple(joining),
-                               steps=alive)
+                               dead=(frozenset(old.nodes) - set(alive)
+                                     | self.heartbeat.dead_spares()),
+                               leaving=self.store.leaving(old.nodes + old.spares
+                                                          + tuple(joining)),
+                               joining=tuple(joining), steps=alive)
                 self._advance(old, req, pending, seq)
             time.sleep(0.02)
 

@@ -21,8 +21,10 @@ GEN_KEY = "gen"          # the current generation (int as text); won by compare_
 PENDING_KEY = "pending"  # a counter bumped with each change request (add)
 JOIN_SEQ_KEY = "join/seq"  # a counter: join requests are numbered (a store cannot list keys)
 DONE_KEY = "done"        # {"step"}: training finished; waiting joiners exit 0
+DESIRED_KEY = "desired"  # the world the operator wants (spec.replicas), with spares (section 9)
 
-REASONS = ("start", "leave", "join", "fail", "stop")
+# "resize": only the desired world changed (a spare taken in or a member set aside as one).
+REASONS = ("start", "leave", "join", "fail", "stop", "resize")
 
 
 def store_prefix(run_id: str) -> str:
@@ -197,11 +199,11 @@ def plan_stop(current: Plan, step: int) -> Plan:
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:
     if current is None:
         return "start"
-    if req.dead:
+    if req.dead & set(current.nodes):  # a dead spare alone is no failure of the group
         return "fail"
-    if req.leaving:
+    if req.leaving & set(current.nodes):
         return "leave"
-    return "join" if joiners else "leave"
+    return "join" if joiners else "resize"
 
 
 def successor_order(plan: Plan, dead: Iterable[str]) -> list[str]:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from elastrain_trainer import metrics
 from elastrain_trainer.inprocess import rewrap
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.member import Member, MemberConfig
@@ -73,7 +74,8 @@ class InProcessRuntime:
             run_id=cfg.run_id, expected=cfg.replicas,
             plan=PlanConfig(global_batch, micro_batch, max_world=cfg.max_replicas,
                             min_world=cfg.min_replicas),
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s)))
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
+            desired=metrics.desired_replicas, on_role=metrics.record_role)))
         self.member.wait_alone()
         self.peer_loss = PeerLoss()
 

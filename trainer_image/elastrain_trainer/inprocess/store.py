@@ -78,6 +78,18 @@ class MembershipStore:
         self.kv.set(m.leave_key(node_id), json.dumps({"step": step}))
         self.kv.add(m.PENDING_KEY, 1)
 
+    def desired(self) -> int | None:
+        """The world the operator last asked for (a node that heard it wrote it), if any."""
+        return int(self.kv.get(m.DESIRED_KEY)) if self.kv.check([m.DESIRED_KEY]) else None
+
+    def record_desired(self, replicas: int) -> None:
+        self.kv.set(m.DESIRED_KEY, str(replicas))
+
+    def request_desired(self, replicas: int) -> None:
+        """A new desired world: written, then `pending` bumped so the coordinator plans it."""
+        self.record_desired(replicas)
+        self.kv.add(m.PENDING_KEY, 1)
+
     def leaving(self, nodes: Iterable[str]) -> frozenset[str]:
         return frozenset(n for n in nodes if self.kv.check([m.leave_key(n)]))
 
