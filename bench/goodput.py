@@ -14,6 +14,10 @@ Per checkpoint interval (ELASTRAIN_CHECKPOINT_INTERVAL_STEPS), one run each of:
            runs torchrun standalone, the trainers form the job's world over the store, survivors
            keep their processes and regroup; the replacement joins with state from a live peer;
   ip-kill  the same as kill, in process;
+  ip-term-spare, ip-kill-spare
+           the same with one warm spare (spec.spares: 1): N + 1 agents, the world N, the
+           extra one waiting with torch imported; the loss takes a member (never the spare),
+           the spare takes its place, the replacement becomes the next spare;
 and, for the first interval only, term and kill again with the rendezvous hosted by worker 0's
 agent (`host-term`, `host-kill`: c10d is_host=true on slot 0, what Kubeflow's PyTorchJob does)
 instead of elastrain's own store; there the lost worker is always slot 0, the store's host,
@@ -23,6 +27,10 @@ and every agent that exits non-zero is restarted after --restart-delay (a pod's 
 only keep training at a smaller world when --min-nodes < --nodes (with 2:2 a loss stops every
 node, as in restart mode); compare them with `--nodes 3 --min-nodes 2` (the e2e job's shape).
 The global batch is 4 x nodes (micro-batch 2), so both world sizes split it.
+
+Join time (in process): per event, signal -> the first step at the full world again (`full
+world` in the table). Without a spare that is the replacement's start, imports and join; with
+one, the regroup and the spare's heal from a live peer.
 
 In process, an event's resume is the coordinator's first `regroup` record after it (reason
 leave or fail; start when too few nodes were left and every node restarted from the step they
@@ -113,6 +121,17 @@ def analyse_event(records: Sequence[Record], at: float, *,
 
 def analyse_inprocess_event(records: Sequence[Record], at: float) -> EventOutcome:
     return analyse_event(records, at, resume_after=first_regroup_after)
+
+
+def full_world_after(records: Sequence[Record], at: float, world: int) -> float | None:
+    """Seconds from the loss at `at` to the first step trained at `world` again after the
+    loss's own regroup (pure; None when the world never came back)."""
+    resume = first_regroup_after(records, at)
+    if resume is None:
+        return None
+    steps = [float(r["time"]) for r in records if r["event"] == "step"
+             and float(r["time"]) > float(resume["time"]) and r.get("world_size") == world]
+    return round(min(steps) - at, 3) if steps else None
 
 
 def recovery_phases(records: Sequence[Record], at: float) -> dict[str, float | None]:
@@ -268,12 +287,14 @@ def inprocess_cluster_class() -> type:
     class InProcessCluster(LocalCluster):
         def add_agent(self) -> Agent:
             name = f"agent-{len(self.agents)}"
+            spares = getattr(self, "spares", 0)
             env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1",
                    "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{self._port}",
                    "ELASTRAIN_NODE_ID": name, "ELASTRAIN_RUN_ID": self.job_id,
                    "ELASTRAIN_REPLICAS": str(self.max_nodes),
-                   "ELASTRAIN_MAX_REPLICAS": str(self.max_nodes),
-                   "ELASTRAIN_MIN_REPLICAS": str(self.min_nodes)}
+                   "ELASTRAIN_MAX_REPLICAS": str(self.max_nodes + spares),
+                   "ELASTRAIN_MIN_REPLICAS": str(self.min_nodes),
+                   "ELASTRAIN_SPARES": str(spares)}
             cmd = [sys.executable, "-m", "elastrain_trainer.launch", "--standalone",
                    "--nnodes=1", "--nproc-per-node=1", "--max-restarts=100",
                    "--monitor-interval=0.5", *self.entry]
@@ -294,12 +315,25 @@ def lose_worker(cluster: Any, kind: str) -> None:
     if hosted:
         victim = cluster.slots[0]
     else:
-        victim = next(a for a in cluster.agents if a.proc.poll() is None)
+        with cluster._cond:
+            spares = waiting_spares(cluster.records)
+        victim = next(a for a in cluster.agents
+                      if a.proc.poll() is None and a.name not in spares)
     (cluster.preempt if kind == "term" else cluster.kill)(victim)
     if hosted:
         cluster.add_agent(0)
     else:
         cluster.add_agent()
+
+
+def waiting_spares(records: Sequence[tuple[str, Record]]) -> set[str]:
+    """Agents whose last `spare` record (named beyond the world) has no `regroup` of theirs
+    after it (a spare taken into the world is healed, and says so in a regroup record)."""
+    state: dict[str, bool] = {}
+    for agent, r in records:
+        if r["event"] in ("spare", "regroup"):
+            state[agent] = r["event"] == "spare"
+    return {a for a, spare in state.items() if spare}
 
 
 def finished(records: Sequence[tuple[str, Record]]) -> bool:
@@ -340,7 +374,7 @@ def drive_events(cluster: Any, kind: str, events: int, period: float,
 
 def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hosted: bool,
             events: int, period: float, timeout: float, restart_delay: float,
-            nodes: int = 2, min_nodes: int = 2, in_process: bool = False,
+            nodes: int = 2, min_nodes: int = 2, in_process: bool = False, spares: int = 0,
             ) -> tuple[float, list[Record], list[float], dict[str, Any]]:
     from elastrain_trainer.launch.cluster import LocalCluster
 
@@ -349,11 +383,11 @@ def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hos
     kwargs: dict[str, Any] = {"restart_delay": restart_delay} if hosted else {}
     cluster = cls(env, min_nodes, nodes, run_dir / "logs", job_id=name,
                   on_record=lambda a, r: None, **kwargs)
-    cluster.in_process = in_process
+    cluster.in_process, cluster.spares = in_process, spares
     start = time.time()
     times: list[float] = []
     try:
-        cluster.start(nodes)
+        cluster.start(nodes + spares)
         if kind is not None:
             times = drive_events(cluster, kind, events, period, timeout)
         if not cluster.wait_for(finished, timeout):
@@ -397,38 +431,45 @@ def run_variant(plan: Plan, interval: int, name: str, kind: str | None, hosted: 
     label = f"{name}/i{interval}"
     run_dir = plan.work / f"{name}-i{interval}"
     in_process = name.startswith("ip-")
+    spares = 1 if name.endswith("-spare") else 0
     env = job_env(run_dir, plan.steps, interval, plan.step_sleep, plan.nodes)
     wall, recs, times, extra = run_one(label.replace("/", "-"), env, run_dir, kind, hosted,
                                        plan.events, plan.period, plan.timeout,
                                        plan.restart_delay, plan.nodes, plan.min_nodes,
-                                       in_process)
+                                       in_process, spares)
     analyse = analyse_inprocess_event if in_process else analyse_event
     outcomes = [analyse(recs, t) for t in times]
     row = summarize_run(name, wall, baseline if baseline is not None else wall, outcomes)
     phases = [recovery_phases(recs, t) for t in times]
+    if in_process:
+        full = [v for t in times if (v := full_world_after(recs, t, plan.nodes)) is not None]
+        row.update(full_world_s=full, full_world_p50_s=_round(percentile(full, 0.5)),
+                   full_world_max_s=_round(max(full) if full else None))
     row.update(interval_steps=interval, **extra, event_times=[round(t, 3) for t in times],
                recovery_phases_p50_s={k: _round(percentile(
                    [v for p in phases if (v := p[k]) is not None], 0.5)) for k in PHASES})
     plan.runs.append(row)
     print(f"{label:>16}: wall {wall:6.1f} s  events {len(times):2d}  goodput "
           f"{row['goodput']:.3f}  lost/event {row['steps_lost_per_event']}  recovery p50 "
-          f"{row['recovery_p50_s']} max {row['recovery_max_s']}", flush=True)
+          f"{row['recovery_p50_s']} max {row['recovery_max_s']}  full world p50 "
+          f"{row.get('full_world_p50_s', '-')}", flush=True)
     return wall
 
 
 def print_table(runs: Sequence[dict[str, Any]]) -> None:
-    head = (f"{'variant':<10}{'ckpt':>5}{'events':>7}{'wall s':>8}{'goodput':>9}"
+    head = (f"{'variant':<14}{'ckpt':>5}{'events':>7}{'wall s':>8}{'goodput':>9}"
             f"{'cost/ev s':>10}{'@300s':>8}{'lost mean':>10}{'lost max':>9}"
-            f"{'rec p50':>8}{'rec max':>8}")
+            f"{'rec p50':>8}{'rec max':>8}{'full world p50':>15}")
     print(head)
     for r in runs:
         if "error" in r:
-            print(f"{r['variant']:<10}{r['interval_steps']:>5}  FAILED: {r['error']}")
+            print(f"{r['variant']:<14}{r['interval_steps']:>5}  FAILED: {r['error']}")
             continue
-        print(f"{r['variant']:<10}{r['interval_steps']:>5}{r['events']:>7}{r['wall_s']:>8.1f}"
+        print(f"{r['variant']:<14}{r['interval_steps']:>5}{r['events']:>7}{r['wall_s']:>8.1f}"
               f"{r['goodput']:>9.3f}{r['cost_per_event_s']:>10.2f}{r['goodput_at_300s']:>8.3f}"
               f"{_fmt(r['steps_lost_mean']):>10}{_fmt(r['steps_lost_max']):>9}"
-              f"{_fmt(r['recovery_p50_s']):>8}{_fmt(r['recovery_max_s']):>8}")
+              f"{_fmt(r['recovery_p50_s']):>8}{_fmt(r['recovery_max_s']):>8}"
+              f"{_fmt(r.get('full_world_p50_s')):>15}")
 
 
 def _fmt(x: Any) -> str:
@@ -447,7 +488,8 @@ def main() -> int:
     parser.add_argument("--restart-delay", type=float, default=0.5,
                         help="hosted variant: seconds before a crashed agent is restarted")
     parser.add_argument("--variants", default="term,kill,host-term,host-kill",
-                        help="of term, kill, ip-term, ip-kill, host-term, host-kill")
+                        help="of term, kill, ip-term, ip-kill, ip-term-spare, ip-kill-spare, "
+                             "host-term, host-kill")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--min-nodes", type=int, default=None, help="default: --nodes")
     parser.add_argument("--timeout", type=float, default=180.0)
@@ -469,7 +511,7 @@ def main() -> int:
             if hosted and i > 0:
                 continue  # the store comparison needs one interval only
             try:
-                kind = name.removeprefix("host-").removeprefix("ip-")
+                kind = name.removeprefix("host-").removeprefix("ip-").removesuffix("-spare")
                 run_variant(plan, interval, name, kind, hosted, base)
             except RuntimeError as e:  # record it and go on: the other variants still count
                 print(f"{name}/i{interval}: FAILED: {e}", flush=True)

@@ -104,3 +104,27 @@ def test_an_inprocess_event_is_answered_by_the_first_leave_or_fail_regroup(
     dissolved = [*records, step(5, 7.2), regroup(4, 9.0, "start"), step(5, 9.5)]
     out = goodput.analyse_inprocess_event(dissolved, 7.1)
     assert (out.resumed_step, out.steps_lost, out.recovery_s) == (4, 1, 2.4)
+
+
+def test_join_time_is_the_first_step_at_the_full_world_after_the_losss_regroup(
+        goodput: ModuleType) -> None:
+    def at(n: int, t: float, world: int) -> dict[str, Any]:
+        return {**step(n, t), "world_size": world}
+
+    def regroup(t: float, reason: str) -> dict[str, Any]:
+        return {"event": "regroup", "step": 2, "time": t, "reason": reason}
+
+    # No spare: the loss at 2.5 leaves world 2; the replacement joins at 9.0 (world 3 again).
+    no_spare = [at(1, 1.0, 3), at(2, 2.0, 3), regroup(4.0, "fail"), at(3, 4.2, 2),
+                regroup(9.0, "join"), at(4, 9.3, 3)]
+    assert goodput.full_world_after(no_spare, 2.5, 3) == 6.8
+    # A spare: the loss's own regroup keeps world 3.
+    spare = [at(1, 1.0, 3), at(2, 2.0, 3), regroup(3.6, "fail"), at(3, 3.9, 3)]
+    assert goodput.full_world_after(spare, 2.5, 3) == 1.4
+    assert goodput.full_world_after(no_spare[:4], 2.5, 3) is None  # never back: unresolved
+
+
+def test_the_victim_is_never_a_waiting_spare(goodput: ModuleType) -> None:
+    records = [("agent-2", {"event": "spare"}), ("agent-0", {"event": "regroup"}),
+               ("agent-3", {"event": "spare"}), ("agent-2", {"event": "regroup"})]
+    assert goodput.waiting_spares(records) == {"agent-3"}  # agent-2 was taken in since
