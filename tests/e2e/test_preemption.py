@@ -159,6 +159,12 @@ def _preempt_and_check(t: ChaosJob, index: int, scenario: str) -> None:
                  if float(r["time"]) > at and r.get("healed_from") and r["world_size"] == 3]
         assert joins, "the replacement did not join healed from a peer"
         print(f"[{t.mode}] replacement joined: {joins[0]}")
+        # The join time without a spare (scenario 16 has it with one): world 3 again.
+        whole = wait_for("a step at world 3 after the join", lambda: next(
+            (r for r in t.logs.events("step") if float(r["time"]) > float(joins[0]["time"])
+             and r.get("world_size") == 3), None))
+        t.record(f"{scenario}-full-world", float(whole["time"]) - at, pod=pod,
+                 full_world_s=round(float(whole["time"]) - at, 2))
 
 
 def test_1_evicted_worker_resumes_from_its_sigterm_checkpoint(training: ChaosJob) -> None:
