@@ -39,6 +39,9 @@ from .test_inprocess_builtin import job_store, records
 pytestmark = [pytest.mark.timeout(300)]
 __all__ = ["job_store"]  # the fixture, imported for the tests below
 HEARTBEAT_S = 2.0
+# A pod started while others train must import torch before they finish: 80 steps (8 s) were
+# done first under a loaded machine (the e2e's image build beside it): 300 leave ~30 s.
+LATE_JOINER_STEPS = "300"
 
 
 def pod_env(root: Path, node: str, port: int, run: str, replicas: int,
@@ -258,15 +261,15 @@ def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
     generation waits for: a pod created after a scale-up (replicas 3) joins the two that
     started with replicas 2, and the world becomes 3 (not a spare)."""
     for node in ("a", "b"):
-        pods.start(node, 2, MAX_REPLICAS="3")
+        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
     wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
-    pods.start("c", 3, MAX_REPLICAS="3")
+    pods.start("c", 3, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
     codes = pods.wait_all()
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
     join = [r for r in pods.all_records() if r["event"] == "regroup" and r["reason"] == "join"]
     assert join and join[0]["world_size"] == 3, join
     steps = [(r["step"], r["world_size"]) for r in pods.all_records() if r["event"] == "step"]
-    assert [s for s, _ in steps] == list(range(1, 81)), steps
+    assert [s for s, _ in steps] == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
     assert steps[0][1] == 2 and steps[-1][1] == 3
 
 
@@ -279,13 +282,14 @@ def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivor
     every step trained once. Seen failing without the arrival wait (member._arrive): both
     survivors' inits wait 30 s for the frozen rank and they restart in place as a.1 and b.1."""
     for node in ("a", "b"):
-        pods.start(node, 2, MAX_REPLICAS="3")
+        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
     wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
     pids = {n: pods.worker_pid(n) for n in ("a", "b")}
     assert None not in pids.values(), pids
     faults = tmp_path / "freeze.env"
     faults.write_text("ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST=1\n")
-    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults))
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
+               STEPS=LATE_JOINER_STEPS)
     wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
                          for r in pods.all_records()), "the generation after the failed one")
     assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
@@ -306,7 +310,7 @@ def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivor
     kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
     assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
     steps = [r["step"] for r in recs if r["event"] == "step"]
-    assert steps == list(range(1, 81)), steps
+    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
 
 
 def stopping_step(pods: Pods, nodes: tuple[str, ...]) -> int:
