@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.operator.conftest import Cluster, Operator, StandInProgress, wait_for
+from tests.integration.operator.conftest import Cluster, Operator, wait_for
 from tests.integration.operator.test_cli_describe import describe
+from tests.stand_in_progress import StandInProgress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 KIND, REASON = "CheckpointFallback", "DamagedCheckpointSkipped"

@@ -10,7 +10,8 @@ import pytest
 
 from elastrain_operator.k8s.cache import Cache
 from elastrain_operator.reconcile import Options, reconcile_once
-from tests.integration.operator.conftest import Cluster, StandInProgress
+from tests.integration.operator.conftest import Cluster
+from tests.stand_in_progress import StandInProgress
 
 pytestmark = pytest.mark.cluster
 

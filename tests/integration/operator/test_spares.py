@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from elastrain_operator.reconcile import Options, reconcile_once
-from tests.integration.operator.conftest import Cluster, StandInProgress
+from tests.integration.operator.conftest import Cluster
+from tests.stand_in_progress import StandInProgress
 
 pytestmark = pytest.mark.cluster
 

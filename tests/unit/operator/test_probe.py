@@ -4,10 +4,7 @@ reads the newer `role` field."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -16,50 +13,24 @@ from elastrain_operator.model.spec import TrainingJobSpec
 from elastrain_operator.policy.failures import WorkerPod
 from elastrain_operator.policy.progress import parse_progress
 from elastrain_operator.probe import fetch_progress, poll_progress, told_replicas
-
-
-class Trainer:
-    """A stand-in trainer: records every path it is asked for, serves `document`."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        self.document: dict[str, Any] = {"step": 3, "totalSteps": 10, "role": "spare"}
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                stand_in.paths.append(self.path)
-                body = json.dumps(stand_in.document).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+from tests.stand_in_progress import StandInProgress
 
 
 @pytest.fixture
-def trainer() -> Iterator[Trainer]:
-    t = Trainer()
+def trainer() -> Iterator[StandInProgress]:
+    t = StandInProgress({"step": 3, "totalSteps": 10, "role": "spare"})
     yield t
-    t.server.shutdown()
-    t.server.server_close()
+    t.close()
 
 
-def test_fetch_tells_the_trainer_the_desired_world(trainer: Trainer) -> None:
+def test_fetch_tells_the_trainer_the_desired_world(trainer: StandInProgress) -> None:
     report = fetch_progress("127.0.0.1", trainer.port, 3)
     assert trainer.paths == ["/progress?replicas=3"]
     assert report is not None and report.role == "spare" and report.spare
     assert report.progress.step == 3
 
 
-def test_without_replicas_the_plain_path_older_trainers_know(trainer: Trainer) -> None:
+def test_without_replicas_the_plain_path_older_trainers_know(trainer: StandInProgress) -> None:
     assert fetch_progress("127.0.0.1", trainer.port) is not None
     assert trainer.paths == ["/progress"]
 
@@ -71,7 +42,8 @@ def test_only_in_process_jobs_tell_the_desired_world() -> None:
     assert told_replicas(spec()) is None
 
 
-def test_poll_asks_every_ready_worker_with_the_jobs_desired_workers(trainer: Trainer) -> None:
+def test_poll_asks_every_ready_worker_with_the_jobs_desired_workers(
+        trainer: StandInProgress) -> None:
     ready = WorkerPod(name="w-0-0", index=0, attempt=0, phase="Running", ready=True,
                       pod_ip="127.0.0.1")
     starting = WorkerPod(name="w-1-0", index=1, attempt=0, phase="Running", pod_ip="127.0.0.1")
