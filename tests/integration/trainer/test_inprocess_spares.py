@@ -126,7 +126,7 @@ def tell_replicas(port: int, replicas: int) -> None:
 
 def test_the_desired_world_from_the_operators_poll_takes_the_spare_in_and_sets_one_aside(
         pods: Pods) -> None:
-    ports = start_with_a_spare(pods, steps=400)
+    ports = start_with_a_spare(pods, steps=600)
     spare = spare_of(ports)
     said = time.time()
     tell_replicas(ports["a"], 3)  # kubectl scale --replicas=3: a spare is there already
@@ -145,12 +145,26 @@ def test_the_desired_world_from_the_operators_poll_takes_the_spare_in_and_sets_o
              "a member set aside as a spare")
     aside = spare_of(ports)
     assert {n: pods.worker_pid(n) for n in ports} == pids  # set aside in its process
+    said = time.time()
+    tell_replicas(ports[aside], 3)  # taken back: healed from a member, in the same process
+    wait_for(lambda: any(r["node"] == aside and r["healed_from"]
+                         for r in regroups_after(pods, said)), "the member set aside taken back")
+    back = next(r for r in regroups_after(pods, said) if r["node"] == aside)
+    assert back["world_size"] == 3 and back["reason"] == "resize", back
+    assert {n: pods.worker_pid(n) for n in ports} == pids
+    said = time.time()
+    tell_replicas(ports["a"], 2)
+    wait_for(lambda: any(r["world_size"] == 2 for r in regroups_after(pods, said)),
+             "world 2 once more")
+    wait_for(lambda: sorted(map(str, roles(ports).values())) == ["member", "member", "spare"],
+             "a member set aside again")
+    aside = spare_of(ports)
     pods.procs[aside].send_signal(signal.SIGTERM)  # a spare's pod deleted: it just ends
     assert pods.procs[aside].wait(timeout=60) == 0, pods.log(aside)
     assert [r for r in pods.records(aside) if r["event"] == "left"][-1]["waiting"] is True
     codes = pods.wait_all()
     assert set(codes.values()) == {0}, {n: pods.log(n) for n in codes}
     steps = steps_and_worlds(pods)
-    assert [s for s, _ in steps] == list(range(1, 401)), steps  # every step once
+    assert [s for s, _ in steps] == list(range(1, 601)), steps  # every step once
     worlds = [w for i, (_, w) in enumerate(steps) if i == 0 or steps[i - 1][1] != w]
-    assert worlds == [2, 3, 2], worlds
+    assert worlds == [2, 3, 2, 3, 2], worlds
