@@ -58,6 +58,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 
 from elastrain_trainer import fault_injection, metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
@@ -68,7 +69,7 @@ from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
 from elastrain_trainer.inprocess.config import read_inprocess_config
-from elastrain_trainer.inprocess.session import InProcessRuntime, find_ddp
+from elastrain_trainer.inprocess.session import InProcessRuntime, find_model
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.signals import EXIT_RESTART, StopAgreement
@@ -225,12 +226,20 @@ class Session:
     object whose `step` the session advances, saved and restored by one of the objects (the
     session then stores no step of its own); `sidecar`, more fields for each checkpoint's JSON
     sidecar; `on_step`, called on the coordinator with each step record it emits.
+
+    `build(mesh) -> (model, optimizer)`: needed for an FSDP2 (fully_shard) model with
+    ELASTRAIN_RECOVERY=inProcess, ignored otherwise. At each world change the Session calls it
+    on the new group's `mesh` (shard on it: `fully_shard(..., mesh=mesh)`), fills the new shards
+    with the running values and turns the objects passed here into the new ones, so the
+    script's `model`, `optimizer` and a scheduler on it keep working.
     """
 
     def __init__(self, *, steps: int | None = None, config: TrainerConfig | None = None,
                  progress: StepCounter | None = None,
                  sidecar: Callable[[], Mapping[str, Any]] | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
+                 build: Callable[[DeviceMesh], tuple[nn.Module, torch.optim.Optimizer]]
+                 | None = None,
                  **objects: object) -> None:
         cfg = config or TrainerConfig.from_env(os.environ, [])
         if steps is not None:
@@ -255,6 +264,7 @@ class Session:
         self._resumed: int | None = None
         self._server: Any = None
         self._objects = objects
+        self._build = build
         self._left = False
 
     # -- what the loop reads ------------------------------------------------------------
@@ -300,6 +310,12 @@ class Session:
             wait_seconds=cfg.checkpoint_wait_seconds)
         if joined_live:
             self._settle()  # the state, the step and the rest from a live peer
+        elif _inprocess is not None and _inprocess.sharded:
+            # FSDP2: sharded at this world first (rank 0's model), then the checkpoint loaded
+            # into the shards, as restart mode loads it.
+            self._settle(announce=False)
+            self._resumed = self._resume()
+            self._announce()
         else:
             self._resumed = self._resume()
             if _inprocess is not None:
@@ -429,16 +445,23 @@ class Session:
         """Enter the job's current generation; True when it is a live job (not a start)."""
         global _groups
         assert _inprocess is not None
-        self._ddp, self._optimizer = find_ddp(self._objects)
+        self._ddp, self._optimizer = find_model(self._objects)
+        _inprocess.use(self._ddp, self._optimizer, self._build)
         plan = _inprocess.join()
         _groups = _inprocess.member.groups
         return plan.reason != "start"
 
-    def _settle(self) -> None:
+    def _settle(self, *, announce: bool = True) -> None:
         assert _inprocess is not None
         extras = {k: v for k, v in self.state.items()
                   if not isinstance(v, (ModelState, OptimizerState))}
         self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step, extras)
+        if announce:
+            self._announce()
+
+    def _announce(self) -> None:
+        """The generation entered, in the manager, /progress and the log."""
+        assert _inprocess is not None
         plan, last = _inprocess.member.plan, _inprocess.member.last
         if plan is not None and plan.reason != "start":
             # The next save re-reads the catalog on every member (a collective: rank 0's view),
@@ -504,6 +527,13 @@ class Session:
         emit("peer_lost", node=_inprocess.member.node_id, step=self.step, in_body=in_body,
              error=error[:500])
         self.manager.wait()  # a save never spans two generations (it fails with the group)
+        if _inprocess.sharded:
+            # FSDP2 without notice: the lost node's shards are gone (no buddy copy), so restart
+            # in place and resume from the newest checkpoint, as restart mode does.
+            emit("shards_lost", node=_inprocess.member.node_id, step=self.step,
+                 reason="a peer lost without notice holds FSDP2 shards nobody else has")
+            self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
+            return
         _groups = None  # with DDP's, every reference to the failed groups goes
         del self._groups
         if _inprocess.recover(self._ddp, self.step, error) is None:

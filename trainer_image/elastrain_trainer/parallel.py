@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -94,8 +95,10 @@ def init_distributed(denv: DistEnv) -> Groups:
     return Groups(control, checkpoint)
 
 
-def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv) -> nn.Module:
-    """Apply activation checkpointing, then DDP or FSDP2, per the config."""
+def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv,
+               mesh: DeviceMesh | None = None) -> nn.Module:
+    """Apply activation checkpointing, then DDP or FSDP2 (on `mesh`, default: over the default
+    group), per the config."""
     if cfg.activation_checkpointing:
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block)
@@ -111,8 +114,8 @@ def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv) -> nn.Module:
     if not offload:
         model.to(denv.device)
     for block in model.blocks:
-        fully_shard(block, offload_policy=policy)
-    fully_shard(model, offload_policy=policy)
+        fully_shard(block, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
 
 

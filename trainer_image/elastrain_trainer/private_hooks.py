@@ -29,6 +29,13 @@ torch (launch/agent.py; checked when `python -m elastrain_trainer.launch` starts
   left cleanly, and then the launcher exits 0. Not enforced: without it the launcher exits 1
   as torchrun does (the pod still counts as evicted by its DisruptionTarget).
 
+torch (inprocess/fsdp.py; checked when the module is imported, i.e. at worker start)
+- `torch.distributed._composable_state._module_state_mapping` and `_get_module_state`: in-process
+  recovery rebuilds an FSDP2 model at a new world and turns the script's model object into the
+  new one; FSDP2 looks its state up by module object in that registry, so the script's object is
+  registered for the new state. Broken: `set_requires_gradient_sync` (gradient accumulation) and
+  every FSDPModule method fail on the script's model after the first membership change.
+
 torch (checkpoint/dcp_io.py; checked when the module is imported, i.e. at worker start)
 - `torch._C.PyTorchFileReader`, `torch.serialization._load(..., overall_storage=,
   weights_only=)` and `torch._weights_only_unpickler`: a tensor of a verified shard is loaded as

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from elastrain_trainer import metrics
 from elastrain_trainer.api import Session, all_reduce, init_distributed
@@ -73,6 +75,8 @@ def run(cfg: TrainerConfig) -> int:
     on_step = None if wandb_run is None else (lambda r: wandb_run.log(r, step=r["step"]))
     session = Session(config=cfg, progress=t.progress, on_step=on_step,
                       sidecar=lambda: _sidecar(t, cfg, dataset),
+                      # FSDP2 in in-process mode: how to shard at a new world
+                      build=lambda mesh: model_and_optimizer(cfg, denv, mesh),
                       model=t.model, optim=t.optimizer, trainer=TrainerState(t))
     try:
         with session:
@@ -102,17 +106,26 @@ def build_objects(cfg: TrainerConfig, denv: DistEnv) -> TrainObjects:
     """Model (wrapped), optimizer, schedule, scaler and guard, initialised identically on all
     ranks from the seed."""
     torch.manual_seed(cfg.seed)
-    model = wrap_model(build_model(cfg.model, cfg.seq_len, cfg.vocab_size), cfg, denv)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    model, optimizer = model_and_optimizer(cfg, denv)
     schedule = Schedule(cfg.lr_schedule, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps,
                         cfg.decay_fraction)
     scaler = torch.amp.GradScaler(denv.device.type, enabled=cfg.precision == "fp16")
     return TrainObjects(model, optimizer, build_scheduler(optimizer, schedule), scaler,
                         SpikeGuard(cfg.spike_factor), Progress())
+
+
+def model_and_optimizer(cfg: TrainerConfig, denv: DistEnv, mesh: DeviceMesh | None = None
+                        ) -> tuple[nn.Module, torch.optim.AdamW]:
+    """The wrapped model and its optimizer on the current default group (also how in-process
+    recovery rebuilds an FSDP2 model on a new world's `mesh`: the values are then the running
+    ones)."""
+    model = wrap_model(build_model(cfg.model, cfg.seq_len, cfg.vocab_size), cfg, denv, mesh)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    return model, optimizer
 
 
 def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Dataset,

@@ -142,6 +142,31 @@ def test_the_activation_checkpoint_wrapper_wraps_a_module() -> None:
     assert wrapped(torch.ones(1, 2)).shape == (1, 2)
 
 
+# --- torch: FSDP2's state registry (inprocess/fsdp.py, in-process recovery)
+
+
+def test_the_fsdp_state_follows_the_script_s_module_object() -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from elastrain_trainer.inprocess import fsdp
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("contract",))
+        fresh = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        fully_shard(fresh, mesh=mesh)
+        scripts = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        fsdp.become(scripts, fresh)
+        # FSDPModule methods look their state up by module object in the private registry.
+        scripts.set_requires_gradient_sync(False)  # type: ignore[operator]
+        assert fully_shard.state(scripts) is fully_shard.state(fresh)  # type: ignore[attr-defined]
+        assert scripts(torch.ones(1, 2)).shape == (1, 2)
+    finally:
+        dist.destroy_process_group()
+
+
 # --- torch: the launcher's agent patches (launch/agent.py)
 
 

@@ -28,7 +28,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -82,6 +82,16 @@ class MemberConfig:
     on_role: Callable[[str], None] = lambda role: None  # "member" | "spare", for /progress
 
 
+class Resharding(Protocol):
+    """A sharded model's part in a change (inprocess/fsdp.Resharder): `handover` on the old
+    group once the next plan is known, `settle` on the new group instead of heal + re-wrap."""
+
+    def handover(self, old: Plan, plan: Plan, me: str) -> None: ...
+
+    def settle(self, plan: Plan, me: str, step: int,
+               extras: dict[str, Any]) -> tuple[int, dict[str, Any], bool]: ...
+
+
 @dataclasses.dataclass
 class Change:
     """What the last generation change did here (for logs, /progress and the tests)."""
@@ -114,6 +124,7 @@ class Member:
         self.dropped = False
         self._join_seq = 0           # this node's newest join request
         self._desired_sent: int | None = None
+        self.resharder: Resharding | None = None  # FSDP2: set by the Session
 
     def _connect(self) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
@@ -328,7 +339,11 @@ class Member:
         assert self.plan is not None and self.last is not None
         t0 = time.monotonic()
         plan = self.plan
-        for node, source in plan.heal.items():
+        if self.resharder is not None:
+            step, extras, healed = self.resharder.settle(plan, self.node_id, step, extras)
+            if healed:
+                self.last.healed_from = plan.heal.get(self.node_id, plan.nodes[0])
+        for node, source in {} if self.resharder is not None else plan.heal.items():
             if source == self.node_id:
                 transfer.send_state(model, optimizer, step=step, extras=extras,
                                     dst=plan.nodes.index(node))
@@ -427,6 +442,9 @@ class Member:
         failed = False
         while True:
             plan = self._wait_plan(old.gen + 1)
+            if self.resharder is not None and not failed and plan.reason != "stop":
+                # On the old group, while it exists: a leaver's shards exist nowhere else.
+                self.resharder.handover(old, plan, self.node_id)
             if self.node_id in plan.spares:
                 # Set aside (the desired world shrank): wait as a spare, in this process, and
                 # enter a later plan healed like any node that was not in the world before.

@@ -20,14 +20,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import metrics
-from elastrain_trainer.inprocess import rewrap
+from elastrain_trainer.events import emit
+from elastrain_trainer.inprocess import fsdp, rewrap
 from elastrain_trainer.inprocess.config import InProcessConfig
+from elastrain_trainer.inprocess.fsdp import Build
 from elastrain_trainer.inprocess.member import Member, MemberConfig
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 from elastrain_trainer.inprocess.peerloss import PeerLoss
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.parallel import DistEnv
-from elastrain_trainer.signals import EXIT_STORE_LOST
+from elastrain_trainer.signals import EXIT_RESTART, EXIT_STORE_LOST
 
 T = TypeVar("T")
 
@@ -111,26 +113,55 @@ class InProcessRuntime:
         self._export()
         return plan
 
-    def settle(self, model: DDP, optimizer: torch.optim.Optimizer, step: int,
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: a lost node's shards are gone with it (no buddy copy), so a loss without
+        notice restarts from the newest checkpoint instead of healing in process."""
+        return self.member.resharder is not None
+
+    def use(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+            build: Build | None) -> None:
+        """The Session's model: DDP is re-wrapped in place, FSDP2 rebuilt with `build`."""
+        if fsdp.is_fsdp(model):
+            if build is None:
+                raise ValueError("ELASTRAIN_RECOVERY=inProcess with an FSDP2 model: "
+                                 "Session(build=...) must give a function that builds the "
+                                 "wrapped model and its optimizer on the current group")
+            self.member.resharder = fsdp.Resharder(model, optimizer, build)
+
+    def settle(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
                stateful: Mapping[str, StatefulLike]) -> int:
-        """Heal and re-wrap at the current generation; a healed node loads its source's
-        `stateful` objects (the Session's step, a scheduler, ...). Returns the step."""
+        """Heal and re-wrap (FSDP2: reshard and rebuild) at the current generation; a healed
+        node loads its source's `stateful` objects (the Session's step, a scheduler, ...).
+        Returns the step."""
         extras = {name: obj.state_dict() for name, obj in stateful.items()}
-        PeerLoss.detach(model)
-        step, got = self.member.settle(model, optimizer, step=step, extras=extras)
+        if isinstance(model, DDP):
+            PeerLoss.detach(model)
+        try:
+            step, got = self.member.settle(model, optimizer, step=step, extras=extras)
+        except fsdp.ShardsLostError as e:
+            self._restart_from_checkpoint(str(e))
         if self.member.last is not None and self.member.last.healed_from is not None:
             for name, obj in stateful.items():
                 obj.load_state_dict(got[name])
         self.peer_loss.clear()
-        self.peer_loss.attach(model, optimizer)
+        if isinstance(model, DDP):
+            self.peer_loss.attach(model, optimizer)
         self._export()
         return step
 
-    def recover(self, model: DDP, step: int, error: str) -> Plan | None:
+    def _restart_from_checkpoint(self, why: str) -> NoReturn:
+        emit("shards_lost", node=self.member.node_id, reason=why)
+        print(f"elastrain: {why}; this worker restarts in place and resumes from the newest "
+              "checkpoint", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_RESTART)
+
+    def recover(self, model: nn.Module, step: int, error: str) -> Plan | None:
         """A peer was lost without notice: release this generation (DDP's hold on it
         included), report the committed `step`, enter the next one (None: this node is not in
         it). Call it outside the `except` block that caught the failure."""
-        PeerLoss.detach(model)
+        if isinstance(model, DDP):
+            PeerLoss.detach(model)
         plan = self.needing_store(lambda: self.member.recover(step, error, model=model))
         if plan is not None:
             self._export()
@@ -147,12 +178,14 @@ class InProcessRuntime:
                                          else 1))
 
 
-def find_ddp(objects: Mapping[str, object]) -> tuple[DDP, torch.optim.Optimizer]:
-    """The one DDP module and the one optimizer that in-process mode re-wraps and heals."""
+def find_model(objects: Mapping[str, object]) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The one model (DDP, or FSDP2's fully_shard) and the one optimizer that in-process mode
+    re-wraps or rebuilds, and heals."""
     modules = [o for o in objects.values() if isinstance(o, nn.Module)]
     optimizers = [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
-    if len(modules) != 1 or not isinstance(modules[0], DDP) or len(optimizers) != 1:
+    if (len(modules) != 1 or not (isinstance(modules[0], DDP) or fsdp.is_fsdp(modules[0]))
+            or len(optimizers) != 1):
         raise ValueError("ELASTRAIN_RECOVERY=inProcess: Session(...) needs exactly one "
-                         "DistributedDataParallel module and one optimizer (FSDP2 and other "
-                         "shapes: not implemented yet, use recovery Restart)")
+                         "DistributedDataParallel or fully_shard (FSDP2) module and one "
+                         "optimizer (other shapes: not implemented yet, use recovery Restart)")
     return modules[0], optimizers[0]
