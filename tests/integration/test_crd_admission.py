@@ -17,7 +17,6 @@ from elastrain_operator.model.spec import (
     INPROCESS_COMMAND_MESSAGE,
     INPROCESS_GPU_MESSAGE,
     INPROCESS_RANKS_MESSAGE,
-    INPROCESS_STRATEGY_MESSAGE,
     MAX_WORKERS,
     SPARES_BOUND_MESSAGE,
     SPARES_METRICS_MESSAGE,
@@ -245,9 +244,6 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("inprocess-two-ranks", both(set_path("recovery", {"mode": "InProcess"}),
                                  set_path("nprocPerNode", 2)),
      [rule("spec.recovery.mode", INPROCESS_RANKS_MESSAGE)]),
-    ("inprocess-fsdp", both(set_path("recovery", {"mode": "InProcess"}),
-                            set_path("strategy", "fsdp")),
-     [rule("spec.recovery.mode", INPROCESS_STRATEGY_MESSAGE)]),
     ("inprocess-gpu", both(set_path("recovery", {"mode": "InProcess"}),
                            set_path("resources", {"limits": {"nvidia.com/gpu": 1}})),
      [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
@@ -372,6 +368,13 @@ def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str)
     assert stored["template"]["affinity"] == {"nodeAffinity": {}}
     assert stored["checkpoint"]["intervalSeconds"] == 600  # default inside a given block
     assert stored["trainer"]["validation"]["batches"] == 20
+
+
+def test_fsdp_is_admitted_in_process(api: client.CustomObjectsApi, kube_namespace: str) -> None:
+    manifest = make_job_manifest("inprocess-fsdp", strategy="fsdp",
+                                 recovery={"mode": "InProcess"})
+    stored = create(api, kube_namespace, manifest)["spec"]
+    assert (stored["strategy"], stored["recovery"]["mode"]) == ("fsdp", "InProcess")
 
 
 @pytest.mark.parametrize("uri", ["gs://my_bucket.example/runs/1", "az://ckpts/runs/1",

@@ -75,8 +75,8 @@ NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no
                           "it names the job's Services")
 GPU_REQUESTS_MESSAGE = ("spec.resources: a GPU's requests and limits must be equal (set one: "
                         "the operator sets the other)")
-# In-process recovery runs the Session API of elastrain's own launcher, one DDP rank per pod, on
-# gloo (docs/recovery.md sections 10 and 13): what the trainer does not implement yet is refused
+# In-process recovery runs the Session API of elastrain's own launcher, one rank per pod (DDP,
+# or FSDP2 resharded in process), on gloo (docs/recovery.md sections 10 and 13): what the trainer does not implement yet is refused
 # here rather than found by a worker that exits at start.
 INPROCESS_COMMAND_MESSAGE = (
     "spec.recovery.mode InProcess needs elastrain's launcher: leave spec.command unset or name "
@@ -84,8 +84,6 @@ INPROCESS_COMMAND_MESSAGE = (
     "Restart)")
 INPROCESS_RANKS_MESSAGE = ("spec.recovery.mode InProcess runs one rank per pod: spec.nprocPerNode "
                            "must be unset or 1 (use Restart for more)")
-INPROCESS_STRATEGY_MESSAGE = ("spec.recovery.mode InProcess supports spec.strategy ddp only "
-                              "(FSDP: use Restart)")
 INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
                          "re-init are not implemented; use Restart for GPU workers")
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
@@ -347,7 +345,8 @@ class RecoverySpec(ApiModel):
                     "(torchrun's elastic rendezvous). InProcess: survivors keep their processes "
                     "and model state and regroup at the next step boundary; a replacement joins "
                     "with state from a live peer. InProcess needs the built-in trainer or a "
-                    "script on the Session API, one rank per pod, DDP on CPU.")
+                    "script on the Session API, one rank per pod, on CPU (gloo); DDP, or FSDP2 "
+                    "resharded in process (without notice FSDP2 restarts from the checkpoint).")
     heartbeat_timeout_seconds: int = Field(
         default=5, ge=2, le=300,
         description="InProcess: a worker silent this long is judged lost (a pod that dies "
@@ -406,8 +405,6 @@ _SPEC_RULES = k8s(
     cel("self.recovery.mode != 'InProcess' || !has(self.nprocPerNode) || "
         "(type(self.nprocPerNode) == int && self.nprocPerNode == 1)",
         INPROCESS_RANKS_MESSAGE, field_path=".recovery.mode"),
-    cel("self.recovery.mode != 'InProcess' || self.strategy == 'ddp'",
-        INPROCESS_STRATEGY_MESSAGE, field_path=".recovery.mode"),
     cel(f"self.recovery.mode != 'InProcess' || !({_gpu_in('limits')} || {_gpu_in('requests')})",
         INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
     cel("!has(self.nprocPerNode) || type(self.nprocPerNode) != string || "
@@ -522,8 +519,6 @@ class TrainingJobSpec(ApiModel):
             return INPROCESS_COMMAND_MESSAGE
         if self.nproc_per_node is not None and self.nproc_per_node != 1:
             return INPROCESS_RANKS_MESSAGE
-        if self.strategy != "ddp":
-            return INPROCESS_STRATEGY_MESSAGE
         if self.gpu_count:
             return INPROCESS_GPU_MESSAGE
         return None

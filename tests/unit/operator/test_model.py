@@ -55,8 +55,6 @@ def test_camel_case_round_trip() -> None:
      "spec.recovery.mode InProcess needs elastrain's launcher"),
     ({"recovery": {"mode": "InProcess"}, "nprocPerNode": 2},
      "spec.recovery.mode InProcess runs one rank per pod"),
-    ({"recovery": {"mode": "InProcess"}, "strategy": "fsdp"},
-     "spec.recovery.mode InProcess supports spec.strategy ddp only"),
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
@@ -99,6 +97,12 @@ def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
              command=["python", "-m", "elastrain_trainer.launch", "train.py"])
     assert s.in_process and s.recovery.heartbeat_timeout_seconds == 5
     assert not spec().in_process
+
+
+def test_inprocess_admits_fsdp() -> None:
+    # FSDP2 is resharded in process (docs/recovery.md section 13, point 13).
+    s = spec(recovery={"mode": "InProcess"}, strategy="fsdp")
+    assert s.in_process and s.strategy == "fsdp"
 
 
 def test_spares_count_against_the_bound_on_worker_pods() -> None:
