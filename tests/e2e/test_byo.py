@@ -9,15 +9,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.e2e.conftest import NodeCluster
 from tests.e2e.support import (
     ARTIFACTS,
+    RECOVERY_MODES,
+    RESTART,
     LogCollector,
     evict,
     job_status,
+    recovery_spec,
     steps_lost_at,
+    steps_retrained,
     wait_for,
 )
 
@@ -25,7 +30,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "byo"
 STEPS = 200
 
 
-def byo_job(node: NodeCluster, ns: str) -> dict[str, Any]:
+def byo_job(node: NodeCluster, ns: str, mode: str) -> dict[str, Any]:
     """The example as written, but for this one-node cluster: its images and its MinIO."""
     job: dict[str, Any] = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
     job["metadata"]["namespace"] = ns
@@ -38,17 +43,22 @@ def byo_job(node: NodeCluster, ns: str) -> dict[str, Any]:
     s["template"]["imagePullPolicy"] = "Never"
     s["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
                       "limits": {"memory": "1536Mi"}}
+    s.update(recovery_spec(mode))
     return job
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_byo_script_resumes_an_eviction_with_no_step_lost(operator: NodeCluster,
-                                                          job_namespace: str) -> None:
+                                                          job_namespace: str, mode: str) -> None:
+    """Restart: every worker resumes from the evicted one's SIGTERM checkpoint. InProcess: the
+    same script, unchanged, trains on at world 1 in the survivor's process and the replacement
+    joins with the survivor's state."""
     node, ns, k = operator, job_namespace, operator.kubectl
     k("create", "configmap", "byo-train-py", "-n", ns,
       "--from-file", f"train.py={EXAMPLE / 'train.py'}")
     selector = "elastrain.dev/job-name=byo,elastrain.dev/role=worker"
-    with LogCollector(k, ns, selector, ARTIFACTS / "byo") as logs:
-        k.apply(byo_job(node, ns))
+    with LogCollector(k, ns, selector, ARTIFACTS / f"byo-{mode.lower()}") as logs:
+        k.apply(byo_job(node, ns, mode))
         logs.wait_for_step(40, timeout=300)
         pods = k.json("get", "pods", "-n", ns, "-l", selector)["items"]
         victim = sorted(p["metadata"]["name"] for p in pods)[-1]
@@ -56,7 +66,14 @@ def test_byo_script_resumes_an_eviction_with_no_step_lost(operator: NodeCluster,
         wait_for("Succeeded", lambda: job_status(k, ns, "byo").get("phase") == "Succeeded",
                  timeout=600)
         time.sleep(1)  # the last log lines
-        assert steps_lost_at(logs, at) == 0
+        if mode == RESTART:
+            assert steps_lost_at(logs, at) == 0
+        else:
+            assert steps_retrained(logs, at) == 0
+            regroups = [(r["reason"], r["world_size"]) for r in logs.events("regroup")
+                        if float(r["time"]) > at]
+            assert ("leave", 1) in regroups and ("join", 2) in regroups, regroups
+            assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
     status = job_status(k, ns, "byo")
     assert status.get("preemptions") == 1 and status.get("restarts", 0) == 0, status
     assert status["lastCheckpoint"]["step"] == STEPS, status

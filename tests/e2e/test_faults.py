@@ -1,4 +1,5 @@
-"""Faults that leave no pod exiting on its own, told on a real kubelet (issue 9, items 1 and 3).
+"""Faults that leave no pod exiting on its own, told on a real kubelet (issue 9, items 1 and 3),
+in each recovery mode.
 
 - A trainer that raises at step N: its torchrun agent (elastrain_trainer.launch) ends the pod
   with the exception in the termination message; each crash spends restartPolicy.maxRestarts,
@@ -13,8 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import NodeCluster
-from tests.e2e.support import event_reasons, job_status, make_job, wait_for
+from tests.e2e.support import (
+    RECOVERY_MODES,
+    event_reasons,
+    job_status,
+    make_job,
+    recovery_spec,
+    wait_for,
+)
 
 
 def _arm_faults(k: Any, job: dict[str, Any], **knobs: str) -> None:
@@ -48,12 +58,13 @@ def _hung(k: Any, ns: str, name: str, value: str) -> dict[str, Any] | None:
     return cond if cond.get("status") == value else None
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_exception(
-        operator: NodeCluster, job_namespace: str) -> None:
+        operator: NodeCluster, job_namespace: str, mode: str) -> None:
     node, ns, k = operator, job_namespace, operator.kubectl
     job = make_job("crashy", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
                    bucket=node.s3.bucket, steps=200, replicas=2, interval_steps=4,
-                   step_sleep=0.1)
+                   step_sleep=0.1, **recovery_spec(mode))
     # minReplicas 2 (make_job's): the survivor waits for the crashed rank's replacement, so the
     # group resumes at world 2 and a rank 1 trains step 6 again. With 1, the survivor went on
     # alone (no rank 1), passed step 6 before the replacement joined, and the job succeeded
@@ -83,14 +94,15 @@ def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_excepti
     assert len(crashes) == 2, [e["message"] for e in crashes]
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
-        operator: NodeCluster, job_namespace: str) -> None:
+        operator: NodeCluster, job_namespace: str, mode: str) -> None:
     node, ns, k = operator, job_namespace, operator.kubectl
     timeout = 30
     # ~4.5 s per step for 10 steps: 45 s of slow progress, longer than the timeout in all.
     job = make_job("stuck", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
                    bucket=node.s3.bucket, steps=400, replicas=2, interval_steps=4,
-                   step_sleep=4.5, hangTimeoutSeconds=timeout)
+                   step_sleep=4.5, hangTimeoutSeconds=timeout, **recovery_spec(mode))
     _arm_faults(k, job, hang_at_step="10")
     job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
     k.apply(job)

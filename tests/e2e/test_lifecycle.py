@@ -1,8 +1,9 @@
 """Scenarios 9 and 10 of the e2e suite, and the images' security settings on a real kubelet.
 
-9. A job runs to Succeeded: its final checkpoint is committed in MinIO, `kubectl get tj` shows
-   real values in every column, and the operator's and the trainers' /metrics are scraped from
-   their pods (the host reaches pod IPs on the bridge, as Prometheus would in a cluster).
+9. A job runs to Succeeded, in each recovery mode: its final checkpoint is committed in MinIO,
+   `kubectl get tj` shows real values in every column, and the operator's and the trainers'
+   /metrics are scraped from their pods (the host reaches pod IPs on the bridge, as Prometheus
+   would in a cluster).
 10. A stock `torchrun train.py` (command override; the script imports no elastrain code) runs
     under the operator with the PET_* contract alone.
 """
@@ -13,13 +14,17 @@ import time
 from typing import Any
 
 import boto3
+import pytest
 
 from tests.e2e.conftest import OPERATOR_NAMESPACE, NodeCluster
 from tests.e2e.support import (
     ARTIFACTS,
+    INPROCESS,
+    RECOVERY_MODES,
     LogCollector,
     job_status,
     make_job,
+    recovery_spec,
     scrape,
     wait_for,
 )
@@ -36,14 +41,16 @@ def _running_ips(node: NodeCluster, ns: str, selector: str) -> list[str]:
             if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
-        operator: NodeCluster, job_namespace: str) -> None:
+        operator: NodeCluster, job_namespace: str, mode: str) -> None:
     node, ns, k = operator, job_namespace, operator.kubectl
     steps = 60
     k.apply(make_job("finish", ns, image=node.images["trainer"], steps=steps, step_sleep=0.3,
-                     s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket))
+                     s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
+                     **recovery_spec(mode)))
     workers = "elastrain.dev/job-name=finish,elastrain.dev/role=worker"
-    with LogCollector(k, ns, workers, ARTIFACTS / "finish") as logs:
+    with LogCollector(k, ns, workers, ARTIFACTS / f"finish-{mode.lower()}") as logs:
         logs.wait_for_step(5, timeout=240)
         # Every worker's local rank 0 serves /metrics on the metrics port.
         ips = wait_for("3 running workers", lambda: (ips := _running_ips(node, ns, workers))
@@ -63,6 +70,9 @@ def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
     assert any(key.startswith("elastrain_operator_workers_created_total")
                and value >= 3 for key, value in operator_samples.items())
     assert logs.events("finished"), "no trainer reported finishing"
+    if mode == INPROCESS:  # one generation of 3 from the start to the end, in process
+        gens = {(r["gen"], r["world_size"]) for r in logs.events("regroup")}
+        assert gens == {(1, 3)}, gens
 
     s3 = boto3.client("s3", **node.s3.client_kwargs)
     prefix = f"{ns}/finish/"
