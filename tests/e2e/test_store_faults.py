@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elastrain_operator.describe import describe_job
 from tests.e2e.conftest import NodeCluster
-from tests.e2e.support import event_reasons, job_status, make_job, wait_for
+from tests.e2e.support import (
+    RECOVERY_MODES,
+    event_reasons,
+    job_status,
+    make_job,
+    recovery_spec,
+    wait_for,
+)
 
 # No registry answers there: the pull fails at once, as for a mistyped image.
 MISSING_IMAGE = "localhost:1/elastrain/no-such-store:0"
@@ -22,12 +31,15 @@ def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_a_store_image_that_does_not_exist_is_told_paced_and_fails_the_job(
-        operator: NodeCluster, job_namespace: str) -> None:
+        operator: NodeCluster, job_namespace: str, mode: str) -> None:
+    """In InProcess mode the trainers' Session cannot reach the store either: each ends its pod
+    with the same RendezvousConnectionError (EXIT_STORE_LOST), so the accounting is the same."""
     node, ns, k = operator, job_namespace, operator.kubectl
     timeout = 240
     job = make_job("nostore", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
-                   bucket=node.s3.bucket, replicas=2)
+                   bucket=node.s3.bucket, replicas=2, **recovery_spec(mode))
     job["spec"]["rendezvous"] = {"store": {"image": MISSING_IMAGE,
                                            "readyTimeoutSeconds": timeout}}
     job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 5}

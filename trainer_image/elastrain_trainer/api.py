@@ -476,7 +476,8 @@ class Session:
             assert plan is not None and last is not None
             emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
                  step=self.step, node=_inprocess.member.node_id, healed_from=last.healed_from,
-                 regroup_s=round(last.regroup_s, 4), heal_s=round(last.heal_s, 4))
+                 regroup_s=round(last.regroup_s, 4), heal_s=round(last.heal_s, 4),
+                 kept_group=last.kept_group)
 
     def _regroup(self) -> None:
         """A leave or a join agreed at this boundary: the next generation, in this process."""

@@ -76,8 +76,9 @@ NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no
 GPU_REQUESTS_MESSAGE = ("spec.resources: a GPU's requests and limits must be equal (set one: "
                         "the operator sets the other)")
 # In-process recovery runs the Session API of elastrain's own launcher, one rank per pod (DDP,
-# or FSDP2 resharded in process), on gloo (docs/recovery.md sections 10 and 13): what the trainer does not implement yet is refused
-# here rather than found by a worker that exits at start.
+# or FSDP2 resharded in process), on gloo (docs/recovery.md sections 10 and 13): what the
+# trainer does not implement yet is refused here rather than found by a worker that exits at
+# start.
 INPROCESS_COMMAND_MESSAGE = (
     "spec.recovery.mode InProcess needs elastrain's launcher: leave spec.command unset or name "
     "elastrain_trainer.launch in it (a stock torchrun script cannot regroup in process; use "

@@ -168,3 +168,32 @@ def test_the_desired_world_from_the_operators_poll_takes_the_spare_in_and_sets_o
     assert [s for s, _ in steps] == list(range(1, 601)), steps  # every step once
     worlds = [w for i, (_, w) in enumerate(steps) if i == 0 or steps[i - 1][1] != w]
     assert worlds == [2, 3, 2, 3, 2], worlds
+
+
+def test_a_spare_arriving_or_leaving_leaves_the_members_group_as_it_is(pods: Pods) -> None:
+    """A plan that changes only the spares (a backfilled spare arrives, a spare leaves) keeps
+    the members' group: no destroy and init, no heal, no DDP re-wrap; only the agreement."""
+    ports = {n: free_port() for n in ("a", "b", "c")}
+    for node in ("a", "b"):
+        pods.start(node, 2, SPARES="1", MAX_REPLICAS="3", STEPS="200",
+                   METRICS_PORT=str(ports[node]))
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    started = time.time()
+    pods.start("c", 2, SPARES="1", MAX_REPLICAS="3", STEPS="200", METRICS_PORT=str(ports["c"]))
+    wait_for(lambda: role(ports["c"]) == "spare", "c waiting as a spare", timeout=180)
+    wait_for(lambda: regroups_after(pods, started), "the plan that names c a spare")
+    arrived = regroups_after(pods, started)
+    assert [(r["world_size"], r["kept_group"]) for r in arrived] == [(2, True)], arrived
+    left_at = time.time()
+    pods.procs["c"].send_signal(signal.SIGTERM)
+    wait_for(lambda: regroups_after(pods, left_at), "the plan without the spare")
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    dropped = regroups_after(pods, left_at)
+    assert [(r["world_size"], r["kept_group"]) for r in dropped] == [(2, True)], dropped
+    steps = steps_and_worlds(pods)
+    assert [s for s, _ in steps] == list(range(1, 201)), steps  # every step once
+    assert {w for _, w in steps} == {2}
+    print(f"spare arrived: members kept their group ({arrived[0]}); left: {dropped[0]}")

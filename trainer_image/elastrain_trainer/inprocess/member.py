@@ -101,6 +101,7 @@ class Change:
     sent_to: list[str] = dataclasses.field(default_factory=list)
     regroup_s: float = 0.0
     heal_s: float = 0.0
+    kept_group: bool = False  # only the spares changed: no regroup, heal or re-wrap
 
 
 class Member:
@@ -299,6 +300,15 @@ class Member:
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
 
+    def _keep(self, plan: Plan) -> None:
+        """A plan whose members and ranks are the old ones (a spare arrived or left): the
+        members keep their group, so nothing pauses but the agreement on the plan. The group
+        was made under an older generation's store prefix, which nothing reads after init."""
+        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        self.store.ack(plan.gen, self.node_id, plan.step)
+        self.plan = plan
+        self.last = Change(plan, kept_group=True)
+
     def _arrive(self, plan: Plan) -> None:
         """Say this node is about to init `plan`'s group and wait until every planned node
         did. The init cannot be interrupted and waits INPROCESS_COLLECTIVE_TIMEOUT for a
@@ -339,6 +349,8 @@ class Member:
         assert self.plan is not None and self.last is not None
         t0 = time.monotonic()
         plan = self.plan
+        if self.last.kept_group:
+            return step, extras
         if self.resharder is not None:
             step, extras, healed = self.resharder.settle(plan, self.node_id, step, extras)
             if healed:
@@ -442,6 +454,9 @@ class Member:
         failed = False
         while True:
             plan = self._wait_plan(old.gen + 1)
+            if not failed and plan.nodes == old.nodes and not plan.heal:
+                self._keep(plan)  # only the spares changed
+                return plan
             if self.resharder is not None and not failed and plan.reason != "stop":
                 # On the old group, while it exists: a leaver's shards exist nowhere else.
                 self.resharder.handover(old, plan, self.node_id)

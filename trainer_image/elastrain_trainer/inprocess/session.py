@@ -135,6 +135,8 @@ class InProcessRuntime:
         node loads its source's `stateful` objects (the Session's step, a scheduler, ...).
         Returns the step."""
         extras = {name: obj.state_dict() for name, obj in stateful.items()}
+        if self.member.last is not None and self.member.last.kept_group:
+            return step  # the same group, DDP's Reducer and its comm hook as they were
         if isinstance(model, DDP):
             PeerLoss.detach(model)
         try:
