@@ -14,11 +14,17 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]
 
-from elastrain_trainer.parallel import Groups
+from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, Groups
 
 # In-process mode's collective timeout (section 8): the backstop when neither a closed socket nor
 # a heartbeat ends a blocked collective.
 INPROCESS_COLLECTIVE_TIMEOUT = timedelta(seconds=30)
+# Except on the checkpoint group: DCP's collectives there wait for the slowest rank's uploads
+# and for the coordinator's metadata and commit, which a slow object store stretches past 30 s
+# (a drain's save through a throttled store failed at 30 s on the real node and the job then
+# started from an older checkpoint). Restart mode allows them the same. The price: a save
+# blocked on a peer that vanished without closing its sockets holds the recovery this long.
+CHECKPOINT_COLLECTIVE_TIMEOUT = COLLECTIVE_TIMEOUT
 
 
 def destroy() -> None:
@@ -31,13 +37,15 @@ def init_generation(store: Store, rank: int, world_size: int, *,
                     backend: str = "gloo",
                     timeout: timedelta = INPROCESS_COLLECTIVE_TIMEOUT) -> Groups:
     """The default group of a generation on `store` (already its own prefix), then the
-    Session's two gloo side groups, in the same order on every rank (new_group is collective)."""
+    Session's two gloo side groups, in the same order on every rank (new_group is collective);
+    the checkpoint group waits at least CHECKPOINT_COLLECTIVE_TIMEOUT."""
     if backend != "gloo":
         raise ValueError(f"in-process recovery: backend {backend!r} is not implemented yet "
                          "(gloo only; NCCL needs abort + re-init, docs/recovery.md section 4)")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
-    checkpoint = dist.new_group(backend="gloo", timeout=timeout)
+    checkpoint = dist.new_group(backend="gloo", timeout=max(timeout,
+                                                             CHECKPOINT_COLLECTIVE_TIMEOUT))
     assert isinstance(control, dist.ProcessGroup) and isinstance(checkpoint, dist.ProcessGroup)
     return Groups(control, checkpoint)
