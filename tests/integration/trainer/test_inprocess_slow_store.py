@@ -20,7 +20,7 @@ from .test_inprocess_builtin import job_store, records, start
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
 __all__ = ["job_store"]  # the fixture, imported for this module's test
-DELAY_S = 9.0  # per request: under boto3's 30 s read timeout, the coordinator's several in a row not
+DELAY_S = 9.0  # per request: under boto3's 30 s read timeout; the coordinator's run is not
 
 
 def test_a_save_held_past_the_inprocess_collective_timeout_commits(
