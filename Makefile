@@ -103,7 +103,7 @@ images-local:  ## build the pause, operator and trainer images here, without Doc
 	$(PY) -m hack.images build pause operator trainer
 
 .PHONY: test-e2e
-test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~23 min warm, ~37 cold)
+test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~46 min warm, ~70 cold)
 	$(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
 
 .PHONY: cluster-down
