@@ -454,8 +454,11 @@ class Member:
         failed = False
         while True:
             plan = self._wait_plan(old.gen + 1)
-            if not failed and plan.nodes == old.nodes and not plan.heal:
-                self._keep(plan)  # only the spares changed
+            # Only the spares changed, and the group is intact (after a failed collective,
+            # `recover` released it: a plan with the same nodes then needs a new one).
+            if (not failed and self.groups is not None and plan.nodes == old.nodes
+                    and not plan.heal):
+                self._keep(plan)
                 return plan
             if self.resharder is not None and not failed and plan.reason != "stop":
                 # On the old group, while it exists: a leaver's shards exist nowhere else.
