@@ -5,6 +5,7 @@ the store's key names. No store, no process."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -108,14 +109,19 @@ def test_no_survivor_at_the_step_means_no_plan() -> None:
                                                     joining=("x",)), CFG)
 
 
-def test_a_stop_generation_has_nobody_and_round_trips() -> None:
+def test_a_stop_generation_has_nobody_names_its_savers_and_round_trips() -> None:
     old = started("a", "b", "c")
     with pytest.raises(NoQuorumError):  # every node leaves: no world to plan
         plan_generation(old, Requests(step=12, leaving=frozenset("abc")), CFG)
     stop = plan_stop(old, 12)
     assert (stop.gen, stop.step, stop.nodes, stop.world_size, stop.reason) == (
         2, 12, (), 0, "stop")
+    assert stop.saving == ("a", "b", "c")  # the next start waits for their save
     assert Plan.from_json(stop.to_json()) == stop and stop.reason in m.REASONS
+    # A plan written before `saving` existed (a store restored across an upgrade) still reads.
+    raw = json.loads(stop.to_json())
+    del raw["saving"]
+    assert Plan.from_json(json.dumps(raw)).saving == ()
 
 
 def test_config_is_validated() -> None:

@@ -123,6 +123,7 @@ class Member:
         # A generation this node was to enter failed before its group existed, and the plan
         # after it does not name this node: the old group is gone, so no stop's save either.
         self.dropped = False
+        self._stop_gen: int | None = None  # the stop generation whose save this node makes
         self._join_seq = 0           # this node's newest join request
         self._desired_sent: int | None = None
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
@@ -197,9 +198,13 @@ class Member:
                 elif (self.node_id not in plan.spares and plan.join_seq >= self._join_seq
                       and plan.reason != "stop"):
                     self._join_seq = self.store.request_join(self.node_id)
+                # After a stop, its old group's nodes are still saving: start once each has
+                # saved or is silent (the pod's grace period bounds the save).
+                watched = set(plan.nodes) | (set(plan.saving)
+                                             - self.store.saved_by(gen, plan.saving))
                 now = time.monotonic()
-                liveness.observe(self.store.heartbeats(plan.nodes), now)
-                if liveness.dead(now) >= set(plan.nodes) and self.store.try_advance(gen):
+                liveness.observe(self.store.heartbeats(watched), now)
+                if liveness.dead(now) >= watched and self.store.try_advance(gen):
                     self._publish_start(plan)
             time.sleep(0.05)
 
@@ -475,6 +480,7 @@ class Member:
                     self.dropped = True
                 elif plan.reason == "stop":
                     self.dissolving = True  # the old group stays for the Session's last save
+                    self._stop_gen = plan.gen
                     return None
                 regroup.destroy()
                 self.plan = None
@@ -539,10 +545,14 @@ class Member:
             time.sleep(0.02)
 
     def dissolve(self) -> None:
-        """After a stop's last save: leave the old group for good."""
+        """After a stop's last save (committed or failed): leave the old group for good, and
+        say so, so the next start need not wait for this node's heartbeat to go silent."""
         self.groups = None
         regroup.destroy()
         self.plan = None
+        if self._stop_gen is not None:
+            with contextlib.suppress(dist.DistError):  # the store away: judged by heartbeat
+                self.store.saved(self._stop_gen, self.node_id)
         self.heartbeat.stop()
 
     def finish(self, step: int) -> None:

@@ -69,6 +69,11 @@ def report_key(gen: int, node_id: str) -> str:
     return f"gen/{gen}/report/{node_id}"
 
 
+def saved_key(gen: int, node_id: str) -> str:
+    """A node of a stop generation's old group has saved and left it (section 3, "stop")."""
+    return f"gen/{gen}/saved/{node_id}"
+
+
 def failed_key(gen: int) -> str:
     return f"gen/{gen}/failed"
 
@@ -126,6 +131,9 @@ class Plan:
     spares: tuple[str, ...] = ()      # available nodes beyond the world size: they keep waiting
     pending: int = 0                  # the store's `pending` counter this plan answered
     join_seq: int = 0                 # the last join request this plan read
+    # A stop: the old group's nodes, which save `step` before they end. The next start waits
+    # for each to have saved or died, so it resumes from that save, not from an older one.
+    saving: tuple[str, ...] = ()
 
     def rank_of(self, node_id: str) -> int | None:
         return self.nodes.index(node_id) if node_id in self.nodes else None
@@ -143,7 +151,7 @@ class Plan:
         raw: dict[str, Any] = json.loads(text)
         raw.pop("ranks", None)
         return cls(**{**raw, "nodes": tuple(raw["nodes"]), "spares": tuple(raw["spares"]),
-                      "heal": dict(raw["heal"])})
+                      "saving": tuple(raw.get("saving", ())), "heal": dict(raw["heal"])})
 
 
 class NoQuorumError(RuntimeError):
@@ -193,7 +201,8 @@ def plan_stop(current: Plan, step: int) -> Plan:
     on the old group and ends; the next nodes to join find no live node in it and start a new
     generation from that checkpoint."""
     return Plan(gen=current.gen + 1, step=step, world_size=0, nodes=(), heal={},
-                reason="stop", global_batch=current.global_batch, accum=0)
+                reason="stop", global_batch=current.global_batch, accum=0,
+                saving=current.nodes)
 
 
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:

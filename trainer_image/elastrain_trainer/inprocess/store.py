@@ -155,6 +155,12 @@ class MembershipStore:
                 out[n] = int(json.loads(self.kv.get(m.report_key(gen, n)))["step"])
         return out
 
+    def saved(self, gen: int, node_id: str) -> None:
+        self.kv.set(m.saved_key(gen, node_id), "1")
+
+    def saved_by(self, gen: int, nodes: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for n in nodes if self.kv.check([m.saved_key(gen, n)]))
+
     def mark_failed(self, gen: int, node_id: str, error: str) -> None:
         """The first writer wins; later ones leave its record."""
         record = json.dumps({"node_id": node_id, "error": error[:300]})
@@ -177,6 +183,9 @@ class MembershipStore:
         keys = [m.plan_key(gen), m.failed_key(gen)]
         keys += [k for n in nodes
                  for k in (m.ack_key(gen, n), m.report_key(gen, n), m.arrive_key(gen, n))]
+        with contextlib.suppress(RuntimeError):  # a stop's savers, when it was one
+            if self.has_plan(gen):  # (a get of a missing key waits for the store's timeout)
+                keys += [m.saved_key(gen, n) for n in self.read_plan(gen).saving]
         for key in keys:
             with contextlib.suppress(RuntimeError):
                 self.kv.delete_key(key)
