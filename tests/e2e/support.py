@@ -375,6 +375,20 @@ class Training:
         s = self.status()
         return int(s.get("preemptions", 0)), int(s.get("restarts", 0))
 
+    def counted_once_in_process(self, before: tuple[int, int], pod: str,
+                                at: float) -> dict[str, Any]:
+        """An eviction of `pod` at `at` in InProcess mode: one preemption, no restart, counted
+        once (a second count would come with the next reconcile), no step retrained, the
+        event, and status.lastRecovery naming the pod and the mode. Returns lastRecovery."""
+        wait_for("the preemption counted", lambda: self.counters()[0] == before[0] + 1)
+        time.sleep(5)
+        assert self.counters() == (before[0] + 1, before[1])
+        assert steps_retrained(self.logs, at) == 0
+        assert "WorkerPreempted" in event_reasons(self.k, self.ns, self.job)
+        recovery: dict[str, Any] = self.status().get("lastRecovery") or {}
+        assert recovery.get("pod") == pod and recovery.get("mode") == INPROCESS, recovery
+        return recovery
+
 
 # ----------------------------------------------------------------------------------- counters
 
