@@ -42,6 +42,10 @@ def _header(job: TrainingJob) -> list[str]:
     limit = "unbounded" if spec.max_replicas is None else str(spec.max_replicas)
     lines = [f"TrainingJob {job.metadata.namespace}/{job.metadata.name}: {s.phase}, "
              f"workers {s.workers or '0/0'} (min {spec.min_replicas}, max {limit})"]
+    how = ("survivors keep training in their processes" if spec.in_process
+           else "every worker restarts from the newest checkpoint")
+    chosen = "" if spec.recovery.mode is not None else ", spec.recovery.mode unset"
+    lines.append(f"Recovery: {spec.recovery_mode} ({how}{chosen})")
     if spec.spares:
         lines.append(f"Spares: {s.ready_spares or 0} ready of {spec.spares} (warm: each takes a "
                      "lost worker's place at the next step)")

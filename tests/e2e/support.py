@@ -254,9 +254,10 @@ RECOVERY_MODES = {"restart": RESTART, "inprocess": INPROCESS}
 
 
 def recovery_spec(mode: str) -> Manifest:
-    """The TrainingJob spec fields for a recovery mode: Restart is the default, so its job
-    leaves the field out, as every job did before spec.recovery existed."""
-    return {} if mode == RESTART else {"recovery": {"mode": mode}}
+    """The TrainingJob spec fields for a recovery mode: InProcess is what an unset mode picks
+    for the built-in trainer and Session scripts, so its job leaves the field out, as a user's
+    would (the default's path is the one tested); Restart is set."""
+    return {} if mode == INPROCESS else {"recovery": {"mode": mode}}
 
 
 # The node's containerd state (hack/cluster.py --tier node), where each task's init PID is.

@@ -21,6 +21,7 @@ from tests.e2e.support import (
     ARTIFACTS,
     INPROCESS,
     RECOVERY_MODES,
+    RESTART,
     LogCollector,
     job_status,
     make_job,
@@ -67,6 +68,7 @@ def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
     assert status["progress"]["step"] == steps
     assert status["lastCheckpoint"]["step"] == steps
     assert (status["restarts"], status["preemptions"]) == (0, 0)
+    assert status["recoveryMode"] == mode  # InProcess: the mode unset, what it picks
     assert any(key.startswith("elastrain_operator_workers_created_total")
                and value >= 3 for key, value in operator_samples.items())
     assert logs.events("finished"), "no trainer reported finishing"
@@ -86,11 +88,11 @@ def test_9_job_succeeds_with_a_committed_checkpoint_columns_and_metrics(
     print("\n".join(wide))
     row = wide[1].split()
     assert "<none>" not in row, wide
-    # NAME PHASE WORKERS STEP LAST-CHECKPOINT RESTARTS PREEMPTIONS FAILED-SAVES AGE STRATEGY MIN
-    # MAX LOSS ...
+    # NAME PHASE WORKERS STEP LAST-CHECKPOINT RESTARTS PREEMPTIONS FAILED-SAVES AGE STRATEGY
+    # RECOVERY MIN MAX LOSS ...
     assert row[1] == "Succeeded" and row[3] == str(steps) and row[4] == str(steps), wide
-    assert row[5:8] == ["0", "0", "0"] and row[9:12] == ["ddp", "2", "3"], wide
-    float(row[12])  # the last loss
+    assert row[5:8] == ["0", "0", "0"] and row[9:13] == ["ddp", mode, "2", "3"], wide
+    float(row[13])  # the last loss
 
 
 TRAIN_PY = '''\
@@ -135,6 +137,8 @@ def test_10_stock_torchrun_script_runs_with_the_pet_contract(
     wait_for("Succeeded", lambda: job_status(k, ns, "stock").get("phase") == "Succeeded",
              timeout=300)
     print(f"stock torchrun job succeeded in {time.monotonic() - started:.0f} s")
+    # The mode is unset: a stock script cannot regroup in process, so the default is Restart.
+    assert job_status(k, ns, "stock")["recoveryMode"] == RESTART
     selector = "elastrain.dev/job-name=stock,elastrain.dev/role=worker"
     outputs = [k("logs", "-n", ns, p["metadata"]["name"], "-c", "trainer").stdout
                for p in _pods(node, ns, selector)]

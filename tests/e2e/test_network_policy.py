@@ -17,10 +17,12 @@ from urllib.parse import urlparse
 from tests.e2e.conftest import NodeCluster, ensure_namespace
 from tests.e2e.support import (
     ARTIFACTS,
+    RESTART,
     Kubectl,
     LogCollector,
     Training,
     make_job,
+    recovery_spec,
     restricted_pod,
     wait_for,
 )
@@ -76,7 +78,8 @@ def test_only_the_jobs_workers_reach_its_store_and_it_trains_through_an_eviction
     k, ns = operator.kubectl, job_namespace
     s3 = urlparse(operator.s3.endpoint_url)
     job = make_job(JOB, ns, image=operator.images["trainer"], steps=STEPS, replicas=2,
-                   s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket)
+                   s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
+                   **recovery_spec(RESTART))
     k.apply(job)
     with LogCollector(k, ns, Training.worker_selector(JOB),
                       ARTIFACTS / "network-policy") as logs:

@@ -17,6 +17,7 @@ from tests.e2e.slow_store import SlowStoreProxy
 from tests.e2e.support import (
     ARTIFACTS,
     INPROCESS,
+    RESTART,
     LogCollector,
     Training,
     evict,
@@ -24,6 +25,7 @@ from tests.e2e.support import (
     job_status,
     make_job,
     record_recovery,
+    recovery_spec,
     steps_lost_at,
     wait_for,
 )
@@ -40,7 +42,7 @@ def test_4_slow_sigterm_save_commits_within_the_grace_period(operator: NodeClust
     with SlowStoreProxy(node.node_ip, (minio.hostname, minio.port), DELAY) as proxy:
         job = make_job("slow", ns, image=node.images["trainer"], steps=100_000,
                        s3_endpoint=proxy.endpoint, bucket=node.s3.bucket, interval_steps=0,
-                       grace_seconds=GRACE_SECONDS)
+                       grace_seconds=GRACE_SECONDS, **recovery_spec(RESTART))
         job["spec"]["checkpoint"]["async"] = False
         k.apply(job)
         workers = "elastrain.dev/job-name=slow,elastrain.dev/role=worker"

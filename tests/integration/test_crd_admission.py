@@ -14,6 +14,7 @@ from kubernetes.client.rest import ApiException
 from elastrain_operator.model.spec import (
     BYTE_VOCAB_MESSAGE,
     DATASET_MESSAGE,
+    DEFAULT_MODE_CHANGE_MESSAGE,
     INPROCESS_COMMAND_MESSAGE,
     INPROCESS_GPU_MESSAGE,
     INPROCESS_RANKS_MESSAGE,
@@ -249,7 +250,13 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
     ("spares-negative", both(set_path("recovery", {"mode": "InProcess"}), set_path("spares", -1)),
      [bound("spec.spares", -1, "be greater than or equal to 0")]),
-    ("spares-in-restart-mode", set_path("spares", 1), [rule("spec.spares", SPARES_MODE_MESSAGE)]),
+    ("spares-in-restart-mode", both(set_path("recovery", {"mode": "Restart"}),
+                                    set_path("spares", 1)),
+     [rule("spec.spares", SPARES_MODE_MESSAGE)]),
+    # Unset, a stock torchrun script's mode is Restart: spares are refused there too.
+    ("spares-stock-torchrun-unset-mode", both(set_path("command", ["torchrun", "train.py"]),
+                                              set_path("spares", 1)),
+     [rule("spec.spares", SPARES_MODE_MESSAGE)]),
     ("spares-without-metrics", both(set_path("recovery", {"mode": "InProcess"}),
                                     set_path("metricsPort", 0), set_path("spares", 1)),
      [rule("spec.spares", SPARES_METRICS_MESSAGE)]),
@@ -335,6 +342,8 @@ def test_minimal_job_gets_defaults(api: client.CustomObjectsApi, kube_namespace:
                                        "maxBackoffSeconds": 300}
     assert stored["terminationGracePeriodSeconds"] == 120 and stored["suspend"] is False
     assert stored["spares"] == 0
+    # No stored mode: the operator picks InProcess where the job can run it (status says).
+    assert "mode" not in stored["recovery"]
 
 
 def test_full_job_is_accepted(api: client.CustomObjectsApi, kube_namespace: str) -> None:
@@ -411,6 +420,28 @@ def test_immutable_fields(api: client.CustomObjectsApi, kube_namespace: str,
         GROUP, VERSION, kube_namespace, PLURAL, "imm", {"spec": patch})) == [expected]
 
 
+@pytest.mark.parametrize("patch", [
+    {"command": ["torchrun", "train.py"]},  # InProcess (the built-in trainer) -> Restart
+    {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+])
+def test_an_unset_mode_is_kept_across_updates(api: client.CustomObjectsApi,
+                                              kube_namespace: str, patch: dict[str, Any]) -> None:
+    """The pods of a job whose mode is unset speak the protocol it started with: an update
+    that would change what the unset mode picks is refused; with the mode set, it is not."""
+    create(api, kube_namespace, make_job_manifest("unset-mode"))
+    assert causes(lambda: api.patch_namespaced_custom_object(
+        GROUP, VERSION, kube_namespace, PLURAL, "unset-mode", {"spec": patch})) == [
+        rule("spec.recovery.mode", DEFAULT_MODE_CHANGE_MESSAGE)]
+    create(api, kube_namespace, make_job_manifest("set-mode", recovery={"mode": "Restart"}))
+    patched = api.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                 "set-mode", {"spec": patch})
+    assert patched["spec"]["recovery"]["mode"] == "Restart"
+    # An update that keeps what the unset mode picks is admitted.
+    api.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "unset-mode",
+                                       {"spec": {"command": ["python", "-m",
+                                                             "elastrain_trainer.launch", "t.py"]}})
+
+
 def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
                                    kube_namespace: str) -> None:
     create(api, kube_namespace, make_job_manifest("cols"))
@@ -426,7 +457,7 @@ def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
                               "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE", "STORE"]
     assert out[1].split()[:8] == ["cols", "Running", "2/2", "42", "40", "1", "3", "2"]
     wide = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace, "-o", "wide").stdout
-    assert "STRATEGY" in wide and "2.5" in wide
+    assert "STRATEGY" in wide and "RECOVERY" in wide and "2.5" in wide
     assert "cols" in kubectl(crd, "get", "elastrain", "-n", kube_namespace).stdout
 
     kubectl(crd, "scale", "tj/cols", "-n", kube_namespace, "--replicas=3")

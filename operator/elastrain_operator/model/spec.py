@@ -90,6 +90,11 @@ INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: 
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
 SPARES_MODE_MESSAGE = ("spec.spares needs spec.recovery.mode InProcess (in Restart mode "
                        "torchrun's rendezvous would add the spares to the world)")
+DEFAULT_MODE_CHANGE_MESSAGE = (
+    "spec.recovery.mode is unset, so the job's mode follows from spec.command, "
+    "spec.nprocPerNode and GPU resources: this update would change the mode its workers run "
+    "(InProcess where the job can run it, else Restart); keep them as they are, or create a "
+    "new job with spec.recovery.mode set")
 SPARES_METRICS_MESSAGE = ("spec.spares needs spec.metricsPort: the trainers learn the desired "
                           "world from the operator's /progress poll")
 SPARES_BOUND_MESSAGE = (f"spec.spares: spec.maxReplicas (spec.replicas when unset) + spec.spares "
@@ -340,9 +345,12 @@ class RendezvousSpec(ApiModel):
 class RecoverySpec(ApiModel):
     """How the survivors of a lost worker go on (docs/recovery.md)."""
 
-    mode: RecoveryMode = Field(
-        default="Restart",
-        description="Restart: every worker restarts and resumes from the newest checkpoint "
+    mode: RecoveryMode | None = Field(
+        default=None,
+        description="Unset: InProcess where the job can run it (spec.command unset or naming "
+                    "elastrain_trainer.launch, one rank per pod, no GPU), else Restart; "
+                    "status.recoveryMode says which. "
+                    "Restart: every worker restarts and resumes from the newest checkpoint "
                     "(torchrun's elastic rendezvous). InProcess: survivors keep their processes "
                     "and model state and regroup at the next step boundary; a replacement joins "
                     "with state from a live peer. InProcess needs the built-in trainer or a "
@@ -366,11 +374,26 @@ class RestartPolicy(ApiModel):
     max_backoff_seconds: int = Field(default=300, ge=0, le=86_400)
 
 
-def _gpu_in(resources: str) -> str:
+def _gpu_in(resources: str, obj: str = "self") -> str:
     """CEL: spec.resources.<resources> names a GPU (nvidia.com/gpu, amd.com/gpu, ...)."""
-    return (f"(has(self.resources.{resources}) && "
-            f"self.resources.{resources}.exists(k, k.endsWith('/gpu')))")
+    return (f"(has({obj}.resources.{resources}) && "
+            f"{obj}.resources.{resources}.exists(k, k.endsWith('/gpu')))")
 
+
+def _can_run(obj: str) -> str:
+    """CEL: the job `obj` (self or oldSelf) can run in process (what an unset mode picks)."""
+    return (f"((!has({obj}.command) || {obj}.command.exists(c, c == 'elastrain_trainer.launch'))"
+            f" && (!has({obj}.nprocPerNode) || (type({obj}.nprocPerNode) == int && "
+            f"{obj}.nprocPerNode == 1)) && !({_gpu_in('limits', obj)} || "
+            f"{_gpu_in('requests', obj)}))")
+
+
+_EXPLICIT_INPROCESS = "(has(self.recovery.mode) && self.recovery.mode == 'InProcess')"
+_LAUNCHER_COMMAND = ("(!has(self.command) || "
+                     "self.command.exists(c, c == 'elastrain_trainer.launch'))")
+_ONE_RANK = ("(!has(self.nprocPerNode) || (type(self.nprocPerNode) == int && "
+             "self.nprocPerNode == 1))")
+_NO_GPU = f"!({_gpu_in('limits')} || {_gpu_in('requests')})"
 
 _SPEC_RULES = k8s(
     cel("self.minReplicas <= self.replicas",
@@ -400,19 +423,22 @@ _SPEC_RULES = k8s(
         "self.resources.limits.all(k, !k.endsWith('/gpu') || !(k in self.resources.requests) "
         "|| string(self.resources.requests[k]) == string(self.resources.limits[k]))",
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
-    cel("self.recovery.mode != 'InProcess' || !has(self.command) || "
-        "self.command.exists(c, c == 'elastrain_trainer.launch')",
+    cel(f"!{_EXPLICIT_INPROCESS} || {_LAUNCHER_COMMAND}",
         INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
-    cel("self.recovery.mode != 'InProcess' || !has(self.nprocPerNode) || "
-        "(type(self.nprocPerNode) == int && self.nprocPerNode == 1)",
+    cel(f"!{_EXPLICIT_INPROCESS} || {_ONE_RANK}",
         INPROCESS_RANKS_MESSAGE, field_path=".recovery.mode"),
-    cel(f"self.recovery.mode != 'InProcess' || !({_gpu_in('limits')} || {_gpu_in('requests')})",
+    cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU}",
         INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
+    # Unset: the mode follows from fields that an update may change; the job keeps the one
+    # it started with (its pods speak that protocol), so such an update is refused.
+    cel(f"has(self.recovery.mode) || {_can_run('self')} == {_can_run('oldSelf')}",
+        DEFAULT_MODE_CHANGE_MESSAGE, field_path=".recovery.mode"),
     cel("!has(self.nprocPerNode) || type(self.nprocPerNode) != string || "
         "self.nprocPerNode != 'auto' || "
         f"{_gpu_in('limits')} || {_gpu_in('requests')}",
         NPROC_AUTO_MESSAGE, field_path=".nprocPerNode"),
-    cel("self.spares == 0 || self.recovery.mode == 'InProcess'",
+    cel(f"self.spares == 0 || (has(self.recovery.mode) ? "
+        f"self.recovery.mode == 'InProcess' : {_can_run('self')})",
         SPARES_MODE_MESSAGE, field_path=".spares"),
     cel("self.spares == 0 || self.metricsPort != 0", SPARES_METRICS_MESSAGE,
         field_path=".spares"),
@@ -498,14 +524,15 @@ class TrainingJobSpec(ApiModel):
             raise ValueError(GPU_REQUESTS_MESSAGE)
         if self.trainer.min_lr > self.trainer.lr:
             raise ValueError("spec.trainer.minLr must be <= spec.trainer.lr")
-        if message := self._inprocess_refusal() or self._spares_refusal():
+        explicit = self.recovery.mode == "InProcess"
+        if message := (explicit and self._inprocess_refusal()) or self._spares_refusal():
             raise ValueError(message)
         return self
 
     def _spares_refusal(self) -> str | None:
         if not self.spares:
             return None
-        if self.recovery.mode != "InProcess":
+        if not self.in_process:
             return SPARES_MODE_MESSAGE
         if not self.metrics_port:
             return SPARES_METRICS_MESSAGE
@@ -514,8 +541,7 @@ class TrainingJobSpec(ApiModel):
         return None
 
     def _inprocess_refusal(self) -> str | None:
-        if self.recovery.mode != "InProcess":
-            return None
+        """Why this job cannot run in process (None: it can)."""
         if self.command is not None and "elastrain_trainer.launch" not in self.command:
             return INPROCESS_COMMAND_MESSAGE
         if self.nproc_per_node is not None and self.nproc_per_node != 1:
@@ -525,8 +551,16 @@ class TrainingJobSpec(ApiModel):
         return None
 
     @property
+    def recovery_mode(self) -> RecoveryMode:
+        """The mode the job runs: spec.recovery.mode, else InProcess where the job can run it
+        (the survivors keep training), else Restart (docs/recovery.md section 14)."""
+        if self.recovery.mode is not None:
+            return self.recovery.mode
+        return "Restart" if self._inprocess_refusal() else "InProcess"
+
+    @property
     def in_process(self) -> bool:
-        return self.recovery.mode == "InProcess"
+        return self.recovery_mode == "InProcess"
 
     @property
     def gpu_count(self) -> int:

@@ -174,6 +174,9 @@ class TrainingJobStatus(ApiModel):
         default=None, ge=0,
         description="Ready pods whose trainer waits as a spare (spec.spares), as the latest "
                     "progress poll found them; not in readyReplicas. Absent without spares.")
+    recovery_mode: RecoveryMode | None = Field(
+        default=None, description="How the job recovers a lost worker: spec.recovery.mode, or "
+                                  "what an unset mode picked for this job.")
     pending_replicas: int = Field(
         default=0, ge=0, description="Workers created but not scheduled or started.")
     selector: str = Field(

@@ -431,7 +431,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     problems = blocking + tuple(pod_config_problems(
         current_pods(r.acct.slots, observed.workers).values()))
     resumed = derive_training_recovery(old.last_recovery, r.acct.losses, training,
-                                       mode=job.spec.recovery.mode)
+                                       mode=job.spec.recovery_mode)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
                       created=created,
                       finishing=finishing, in_backoff=in_backoff,

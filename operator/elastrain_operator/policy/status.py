@@ -254,6 +254,7 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
         "ready_replicas": counts.ready_workers,
         "workers": f"{counts.ready_workers}/{counts.desired}",
         "ready_spares": counts.ready_spares if counts.spares else None,
+        "recovery_mode": job.spec.recovery_mode,
         "pending_replicas": counts.pending,
         "selector": worker_selector(job.metadata.name),
         "restarts": acct.restarts,

@@ -110,6 +110,7 @@ PRINTER_COLUMNS: list[Schema] = [
      "description": "Checkpoint saves that failed in a row (see the CheckpointsFailing condition)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.strategy", "priority": 1},
+    {"name": "Recovery", "type": "string", "jsonPath": ".status.recoveryMode", "priority": 1},
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas", "priority": 1},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas", "priority": 1},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},

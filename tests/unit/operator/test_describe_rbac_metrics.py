@@ -42,6 +42,11 @@ def test_describe_shows_workers_budgets_progress_and_losses() -> None:
     assert "worker 1  demo-worker-1-0  Preempted: DisruptionTarget: PreemptionByScheduler" in text
     assert "AllWorkersRunning=False WorkersPending" in text
     assert "Last recovery" not in text
+    assert ("Recovery: InProcess (survivors keep training in their processes, "
+            "spec.recovery.mode unset)") in text
+    restart = started(recovery={"mode": "Restart"})
+    assert "Recovery: Restart (every worker restarts from the newest checkpoint)\n" in (
+        describe_job(restart.job, list(restart.pods.values())))
 
 
 def test_describe_shows_the_last_training_recovery() -> None:

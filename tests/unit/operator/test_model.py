@@ -59,7 +59,11 @@ def test_camel_case_round_trip() -> None:
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
     ({"spares": -1}, "spares"),
-    ({"spares": 1}, "spec.spares needs spec.recovery.mode InProcess"),
+    ({"spares": 1, "recovery": {"mode": "Restart"}},
+     "spec.spares needs spec.recovery.mode InProcess"),
+    # Unset, the mode of a stock torchrun script is Restart: no spares there either.
+    ({"spares": 1, "command": ["torchrun", "train.py"]},
+     "spec.spares needs spec.recovery.mode InProcess"),
     ({"spares": 1, "recovery": {"mode": "InProcess"}, "metricsPort": 0},
      "spec.spares needs spec.metricsPort"),
     ({"spares": 1, "recovery": {"mode": "InProcess"}, "maxReplicas": MAX_WORKERS},
@@ -96,7 +100,24 @@ def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
     s = spec(recovery={"mode": "InProcess"}, nprocPerNode=1,
              command=["python", "-m", "elastrain_trainer.launch", "train.py"])
     assert s.in_process and s.recovery.heartbeat_timeout_seconds == 5
-    assert not spec().in_process
+    assert not spec(recovery={"mode": "Restart"}).in_process
+
+
+@pytest.mark.parametrize(("overrides", "mode"), [
+    ({}, "InProcess"),  # the built-in trainer
+    ({"command": ["python", "-m", "elastrain_trainer.launch", "train.py"]}, "InProcess"),
+    ({"strategy": "fsdp"}, "InProcess"),
+    ({"command": ["torchrun", "train.py"]}, "Restart"),  # a stock script cannot regroup
+    ({"nprocPerNode": 2}, "Restart"),
+    ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "Restart"),
+    ({"recovery": {"mode": "Restart"}}, "Restart"),
+])
+def test_an_unset_mode_is_inprocess_where_the_job_can_run_it(overrides: dict[str, Any],
+                                                             mode: str) -> None:
+    s = spec(**overrides)
+    assert s.recovery_mode == mode and s.in_process == (mode == "InProcess")
+    # Unset, a job InProcess cannot run is admitted (as Restart), never refused.
+    assert spec(**overrides).recovery.mode == overrides.get("recovery", {}).get("mode")
 
 
 def test_inprocess_admits_fsdp() -> None:

@@ -481,7 +481,7 @@ def test_an_inprocess_loss_is_counted_once_and_its_recovery_says_in_process() ->
 
 
 def test_training_recovery_is_recorded_once_per_loss() -> None:
-    w = started()
+    w = started(recovery={"mode": "Restart"})
     w.set_pod("demo-worker-1-0", "Failed", disruption="PreemptionByScheduler")
     w.reconcile(T0 + timedelta(seconds=10))  # the loss is counted at 00:00:10
     w.run_all()

@@ -39,7 +39,8 @@ def test_only_in_process_jobs_tell_the_desired_world() -> None:
     def spec(**fields: object) -> TrainingJobSpec:
         return TrainingJobSpec.model_validate({"image": "i", "replicas": 3, **fields})
     assert told_replicas(spec(recovery={"mode": "InProcess"}, spares=1)) == 3
-    assert told_replicas(spec()) is None
+    assert told_replicas(spec(recovery={"mode": "Restart"})) is None
+    assert told_replicas(spec()) == 3  # unset: InProcess for the built-in trainer
 
 
 def test_poll_asks_every_ready_worker_with_the_jobs_desired_workers(

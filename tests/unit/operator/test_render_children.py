@@ -19,7 +19,8 @@ from elastrain_operator.render.workers import render_worker_pod
 def job(**spec: Any) -> TrainingJob:
     return TrainingJob.model_validate({
         "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-1", "generation": 1},
-        "spec": {"image": "trainer:dev", "replicas": 2, "maxReplicas": 4, **spec}})
+        "spec": {"image": "trainer:dev", "replicas": 2, "maxReplicas": 4,
+                 "recovery": {"mode": "Restart"}, **spec}})
 
 
 OWNER = {"apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob", "name": "demo",

@@ -18,7 +18,8 @@ def spec(**fields: Any) -> TrainingJobSpec:
 
 def test_pet_env_points_every_worker_at_the_job_store() -> None:
     env = render_worker_env(spec(replicas=2, minReplicas=2, maxReplicas=6,
-                                 rendezvous={"joinTimeoutSeconds": 900}),
+                                 rendezvous={"joinTimeoutSeconds": 900},
+                                 recovery={"mode": "Restart"}),
                             namespace="ml", job_uid="uid-1", job_name="demo")
     plain = {e["name"]: e["value"] for e in env if "value" in e}
     assert {k: v for k, v in plain.items() if k.startswith(("PET_", "TORCH_"))} == {
@@ -162,12 +163,20 @@ def test_spares_reach_the_trainers_and_the_world_stays_the_desired_one() -> None
             plain["ELASTRAIN_MAX_REPLICAS"]) == ("2", "3", "4")
 
 
+INPROCESS_SETTINGS = {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE", "ELASTRAIN_NODE_ID",
+                      "ELASTRAIN_SPARES", "PET_STANDALONE"}
+
+
+def env_names(s: TrainingJobSpec) -> set[str]:
+    return {e["name"] for e in render_worker_env(s, namespace="n", job_uid="u", job_name="j")}
+
+
 def test_restart_mode_renders_no_inprocess_setting() -> None:
-    names = {e["name"] for e in render_worker_env(spec(), namespace="n", job_uid="u",
-                                                  job_name="j")}
-    assert not {n for n in names if n in {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE",
-                                          "ELASTRAIN_NODE_ID", "ELASTRAIN_SPARES",
-                                          "PET_STANDALONE"}}
+    # Set, or unset for a stock torchrun script (which cannot regroup in process).
+    for restart in (spec(recovery={"mode": "Restart"}), spec(command=["torchrun", "t.py"])):
+        assert not env_names(restart) & INPROCESS_SETTINGS
+    # Unset for the built-in trainer: InProcess.
+    assert {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE", "PET_STANDALONE"} <= env_names(spec())
 
 
 def test_inprocess_node_id_from_the_user_wins() -> None:
