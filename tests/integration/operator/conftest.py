@@ -61,9 +61,12 @@ class Cluster:
         return namespaced(GROUP_VERSION, self.ns, "trainingjobs", name)
 
     def create_job(self, name: str = "demo", **spec: Any) -> Manifest:
+        """A job in Restart mode unless `spec` says otherwise: these tests drive pod status by
+        hand and were written for torchrun's rendezvous (an unset mode would be InProcess for
+        the built-in trainer; the e2e tier runs that default on a real node)."""
         body = {"apiVersion": GROUP_VERSION, "kind": "TrainingJob", "metadata": {"name": name},
                 "spec": {"image": "trainer:dev", "replicas": 2, "minReplicas": 1,
-                         "maxReplicas": 6, **spec}}
+                         "maxReplicas": 6, "recovery": {"mode": "Restart"}, **spec}}
         return self.kube.request("POST", self.job_path(), body=body)
 
     def job(self, name: str = "demo") -> Manifest | None:
