@@ -553,7 +553,7 @@ class TrainingJobSpec(ApiModel):
     @property
     def recovery_mode(self) -> RecoveryMode:
         """The mode the job runs: spec.recovery.mode, else InProcess where the job can run it
-        (the survivors keep training), else Restart (docs/recovery.md section 14)."""
+        (the survivors keep training), else Restart (docs/recovery.md section 13, point 15)."""
         if self.recovery.mode is not None:
             return self.recovery.mode
         return "Restart" if self._inprocess_refusal() else "InProcess"

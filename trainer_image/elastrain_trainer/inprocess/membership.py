@@ -198,8 +198,8 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
 def plan_stop(current: Plan, step: int) -> Plan:
     """The generation after `current` when too few nodes remain for the smallest world (a
     drain, a SIGTERM to every node): nobody trains in it. Every node of `current` saves `step`
-    on the old group and ends; the next nodes to join find no live node in it and start a new
-    generation from that checkpoint."""
+    on the old group and ends; the next nodes to join wait until each of them (`saving`) has
+    saved or gone silent, then start a new generation from that checkpoint."""
     return Plan(gen=current.gen + 1, step=step, world_size=0, nodes=(), heal={},
                 reason="stop", global_batch=current.global_batch, accum=0,
                 saving=current.nodes)
