@@ -106,7 +106,9 @@ class Supervisor:
                 continue
             if self._finished:
                 self._due.clear()
-            if not self._due and all(a.proc.poll() is not None for a in self.cluster.agents):
+            # Every agent ended *and* handled: one that exited after the loop above looked at it
+            # is handled next round (seen: a crash never restarted, the run ended as if done).
+            if not self._due and all(id(a) in self._seen for a in self.cluster.agents):
                 return self._done()
             time.sleep(poll)
         return self._done()
