@@ -505,12 +505,21 @@ class Session:
         """Too few nodes remain for the smallest world (a drain, a SIGTERM to every node): as
         in restart mode, every node saves this step on the old group, then ends; a signalled
         node exits 0, the others EXIT_RESTART (the launcher restarts them in place as new nodes,
-        which start the next generation from this checkpoint with the replacements)."""
+        which start the next generation from this checkpoint with the replacements). After a
+        failure (a second loss) one survivor holding the step saves it alone."""
         global _groups
         assert _inprocess is not None
         signalled = _inprocess.member.signalled
+        groups = _inprocess.member.groups
+        assert groups is not None
+        alone = getattr(self, "_groups", None) is not groups
+        if alone:
+            # After a failure the old group is gone and this node saves alone, in a world of
+            # one: its catalog is re-read there (it may never have been this node's to read).
+            _groups = self._groups = groups
+            self.manager.pg, self.manager.catalog = groups.checkpoint, None
         emit("stopping", rank=self.denv.rank, step=self.step, signalled=signalled,
-             reason="below the smallest world")
+             reason="below the smallest world", alone=alone)
         if not self.manager.holds(self.step):  # a save of this step may have run already
             self.manager.save(self._request(), blocking=True)
         _groups = None
@@ -538,6 +547,9 @@ class Session:
         _groups = None  # with DDP's, every reference to the failed groups goes
         del self._groups
         if _inprocess.recover(self._ddp, self.step, error) is None:
+            if _inprocess.member.dissolving:  # below the smallest world: save, alone, and end
+                self._dissolve()
+                return
             # The others went on without this node (judged dead): restart it, as today.
             emit("dropped", node=_inprocess.member.node_id, step=self.step)
             self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True

@@ -113,7 +113,7 @@ def test_a_stop_generation_has_nobody_names_its_savers_and_round_trips() -> None
     old = started("a", "b", "c")
     with pytest.raises(NoQuorumError):  # every node leaves: no world to plan
         plan_generation(old, Requests(step=12, leaving=frozenset("abc")), CFG)
-    stop = plan_stop(old, 12)
+    stop = plan_stop(old, Requests(step=12, leaving=frozenset("ab")))
     assert (stop.gen, stop.step, stop.nodes, stop.world_size, stop.reason) == (
         2, 12, (), 0, "stop")
     assert stop.saving == ("a", "b", "c")  # the next start waits for their save
@@ -122,6 +122,18 @@ def test_a_stop_generation_has_nobody_names_its_savers_and_round_trips() -> None
     raw = json.loads(stop.to_json())
     del raw["saving"]
     assert Plan.from_json(json.dumps(raw)).saving == ()
+
+
+def test_a_stop_after_a_failure_is_saved_by_one_live_node_that_holds_the_step() -> None:
+    # The group is gone: the first live node in plan order at the newest committed step saves
+    # it alone (b's step 12 did not commit on c; a is dead).
+    old = started("a", "b", "c")
+    stop = plan_stop(old, Requests(step=12, dead=frozenset("a"), steps={"c": 11, "b": 12}))
+    assert (stop.step, stop.saving) == (12, ("b",))
+    stop = plan_stop(old, Requests(step=12, dead=frozenset("ab"), steps={"c": 12}))
+    assert stop.saving == ("c",)
+    # Only joiners (no state) survived: nobody saves, the newest checkpoint stays.
+    assert plan_stop(old, Requests(step=-1, steps={"x": -1})).saving == ()
 
 
 def test_config_is_validated() -> None:

@@ -446,8 +446,8 @@ class Member:
             if req.step < 0:  # only nodes without state (joiners) survived: start anew
                 raise NoQuorumError(f"no live node of generation {old.gen} holds a step")
             plan = plan_generation(old, req, self._plan_config())
-        except NoQuorumError:  # below the smallest world: every node saves and ends
-            plan = plan_stop(old, req.step)
+        except NoQuorumError:  # below the smallest world: the savers save, every node ends
+            plan = plan_stop(old, req)
         self.store.publish(dataclasses.replace(plan, pending=pending, join_seq=seq))
         if old.gen >= 2:
             self.store.forget(old.gen - 1, old.nodes)
@@ -475,13 +475,24 @@ class Member:
                 self.groups, self.plan = None, None
                 self.heartbeat.watch(plan.gen, ())
                 return self._await(plan.gen)
+            alone = failed or self.groups is None  # the old group is gone (a failure)
+            # After a failure this node saves the step alone, unless its model is sharded
+            # (FSDP2: the shards of the lost nodes are gone; the checkpoint stays the newest).
+            if (plan.reason == "stop" and self.node_id in plan.saving
+                    and not (alone and self.resharder is not None)):
+                if alone:
+                    self.groups = self._alone()
+                self.dissolving = True  # the group stays for the Session's last save
+                self._stop_gen = plan.gen
+                return None
             if plan.reason == "stop" or self.node_id not in plan.nodes:
-                if failed:  # the old group is gone already: end as a dropped node does
+                if failed or plan.reason == "stop":
+                    # Nothing of this node's to save (another saves the step, or the old group
+                    # is gone): end as a dropped node does, to be restarted in place.
                     self.dropped = True
-                elif plan.reason == "stop":
-                    self.dissolving = True  # the old group stays for the Session's last save
-                    self._stop_gen = plan.gen
-                    return None
+                if self.node_id in plan.saving:  # a sharded saver: nobody need wait for it
+                    with contextlib.suppress(dist.DistError):
+                        self.store.saved(plan.gen, self.node_id)
                 regroup.destroy()
                 self.plan = None
                 self.heartbeat.stop()
@@ -492,6 +503,12 @@ class Member:
             except EntryFailedError as e:
                 self._replan(plan, step, str(e))
                 old, failed = plan, True
+
+    def _alone(self) -> Groups:
+        """A private world of one (its groups on a store of its own), for a save that no
+        other node of the failed group shares."""
+        regroup.destroy()
+        return regroup.init_generation(HashStore(), 0, 1)
 
     def _replan(self, failed: Plan, step: int, error: str) -> None:
         """`failed`'s group never formed: mark it failed, report the state this node holds

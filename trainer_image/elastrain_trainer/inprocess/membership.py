@@ -195,14 +195,25 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
                 accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares)
 
 
-def plan_stop(current: Plan, step: int) -> Plan:
+def plan_stop(current: Plan, req: Requests) -> Plan:
     """The generation after `current` when too few nodes remain for the smallest world (a
-    drain, a SIGTERM to every node): nobody trains in it. Every node of `current` saves `step`
-    on the old group and ends; the next nodes to join wait until each of them (`saving`) has
-    saved or gone silent, then start a new generation from that checkpoint."""
-    return Plan(gen=current.gen + 1, step=step, world_size=0, nodes=(), heal={},
-                reason="stop", global_batch=current.global_batch, accum=0,
-                saving=current.nodes)
+    drain, a SIGTERM to every node, a second loss): nobody trains in it. Its savers save
+    `req.step` and end; the next nodes to join wait until each saver (`saving`) has saved or
+    gone silent, then start a new generation from that checkpoint.
+
+    With notice (no reported steps) `current`'s group is intact and every node saves on it.
+    After a failure (`req.steps`: the live nodes' committed steps) the group is gone, so one
+    live node holding `req.step`, the first in plan order, saves it alone: the state nobody
+    else holds is not lost to the restart (docs/recovery.md section 8, "below the smallest
+    world")."""
+    if req.steps:
+        holders = [n for n in current.nodes if req.step >= 0
+                   and req.steps.get(n) == req.step and n not in req.dead]
+        saving = tuple(holders[:1])
+    else:
+        saving = current.nodes
+    return Plan(gen=current.gen + 1, step=req.step, world_size=0, nodes=(), heal={},
+                reason="stop", global_batch=current.global_batch, accum=0, saving=saving)
 
 
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:
