@@ -14,6 +14,10 @@ line (blank lines and `#` comments allowed):
                                       thread, its heartbeat too) right after it asked to join,
                                       as a pod on a node that stopped answering: planned into
                                       the next generation, it never enters it
+    ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE=1
+                                      in-process mode: the same, right after the worker said it
+                                      arrived at a generation it was planned into (so the
+                                      others are already inside that group's init)
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -52,7 +56,9 @@ CRASH_ONCE = "ELASTRAIN_FAULT_CRASH_ONCE"
 HANG_AT_STEP = "ELASTRAIN_FAULT_HANG_AT_STEP"
 GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
 FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
-NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST)
+FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
+NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
+           FREEZE_AFTER_ARRIVE)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -129,10 +135,16 @@ def after_step(step: int, rank: int, *, fresh: bool,
 
 
 def after_join_request(env: Mapping[str, str] = os.environ) -> None:
-    knobs = read_knobs(env)
-    if int(knobs.get(FREEZE_AFTER_JOIN_REQUEST) or 0):
-        print(f"elastrain: injected freeze after the join request ({FREEZE_AFTER_JOIN_REQUEST})",
-              flush=True)
+    _freeze_if(FREEZE_AFTER_JOIN_REQUEST, "after the join request", env)
+
+
+def after_arrive(env: Mapping[str, str] = os.environ) -> None:
+    _freeze_if(FREEZE_AFTER_ARRIVE, "after arriving", env)
+
+
+def _freeze_if(knob: str, where: str, env: Mapping[str, str]) -> None:
+    if int(read_knobs(env).get(knob) or 0):
+        print(f"elastrain: injected freeze {where} ({knob})", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
 

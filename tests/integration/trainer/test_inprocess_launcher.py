@@ -316,6 +316,50 @@ def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivor
     assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
 
 
+def test_a_joiner_that_freezes_inside_the_groups_init_costs_the_survivors_no_restart(
+        pods: Pods, tmp_path: Path) -> None:
+    """As above, but the joiner freezes after it arrived (every planned node arrived, so the
+    survivors' inits start and wait inside gloo's rendezvous for its address). The init of a
+    non-start generation has a bound of its own (regroup.ENTRY_INIT_TIMEOUT, 10 s): when it
+    passes, the survivors tear down, report and plan the next generation without the frozen
+    node, in their processes. Seen failing with the init bounded by the 30 s collective
+    timeout instead: each survivor's worker failed with the init error and restarted in place
+    (a.1, b.1), resuming from the checkpoint."""
+    for node in ("a", "b"):
+        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    assert None not in pids.values(), pids
+    faults = tmp_path / "freeze.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE=1\n")
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
+               STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
+                         for r in pods.all_records()), "the generation after the failed one",
+             timeout=120)
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
+    survivors = {n: pods.procs[n] for n in ("a", "b")}
+    codes = {n: p.wait(timeout=240) for n, p in survivors.items()}
+    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
+    assert "injected freeze after arriving" in pods.log("c"), pods.log("c")
+    recs = pods.all_records()
+    failed = [r for r in recs if r["event"] == "entry_failed"]
+    assert failed and {r["node"] for r in failed} == {"a", "b"}, failed
+    assert all(r["missing"] == [] and "init" in r["reason"] for r in failed), failed
+    gen = failed[0]["gen"]
+    regroups = [(r["gen"], r["world_size"], r["reason"]) for r in recs if r["event"] == "regroup"]
+    assert (gen + 1, 2, "fail") in regroups, regroups
+    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
+    assert nodes <= {"a", "b"}, nodes  # never a.1 or b.1: nobody restarted in place
+    after = next(r for r in recs if r["event"] == "regroup" and r["gen"] == gen + 1)
+    print(f"generation {gen} failed in its init; generation {gen + 1} at world 2 "
+          f"{after['time'] - failed[0]['time']:.2f} s after the init gave up")
+    kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
+    assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
+
+
 def stopping_step(pods: Pods, nodes: tuple[str, ...]) -> int:
     stops = {r["step"] for n in nodes for r in pods.records(n) if r["event"] == "stopping"}
     assert len(stops) == 1, stops

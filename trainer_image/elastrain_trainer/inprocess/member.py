@@ -297,10 +297,12 @@ class Member:
         assert rank is not None
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.cfg.on_role("member")
-        if plan.reason != "start":
+        if plan.reason == "start":
+            self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
+                                                  plan.world_size)
+        else:
             self._arrive(plan)
-        self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
-                                              plan.world_size)
+            self._init_entered(plan, rank)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
@@ -323,6 +325,7 @@ class Member:
         (the generation is marked failed) or a later plan exists. A start generation skips
         this: its nodes hold no state, the fallback loses nothing."""
         self.store.arrive(plan.gen, self.node_id)
+        fault_injection.after_arrive()
         bound = regroup.INPROCESS_COLLECTIVE_TIMEOUT.total_seconds()
         deadline = time.monotonic() + bound
         while missing := set(plan.nodes) - self.store.arrived(plan.gen, plan.nodes):
@@ -337,6 +340,24 @@ class Member:
                 raise RuntimeError(f"generation {plan.gen}: {sorted(missing)} beat but did "
                                    f"not arrive within {bound:.0f} s")
             time.sleep(0.02)
+
+    def _init_entered(self, plan: Plan, rank: int) -> None:
+        """Form `plan`'s groups once every node arrived. A node lost inside the init (killed or
+        frozen after it arrived) leaves the others waiting in gloo's rendezvous: bounded by
+        ENTRY_INIT_TIMEOUT, after which the generation is failed here like one a node never
+        arrived at (EntryFailedError: report, plan the next without the silent)."""
+        try:
+            self.groups = regroup.init_generation(
+                self.store.pg_store(plan.gen), rank, plan.world_size,
+                init_timeout=regroup.ENTRY_INIT_TIMEOUT)
+        except dist.DistError as e:
+            regroup.destroy()
+            lost = sorted(set(plan.nodes) & (self.heartbeat.silent() | self.heartbeat.dead()))
+            why = (f"the group's init failed ({' '.join(str(e).split())[:200]}); silent: "
+                   f"{lost}")
+            emit("entry_failed", node=self.node_id, gen=plan.gen, lost=lost, missing=[],
+                 reason=why)
+            raise EntryFailedError(f"generation {plan.gen}: {why}") from e
 
     @property
     def rank(self) -> int:

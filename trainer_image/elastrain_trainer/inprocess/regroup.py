@@ -25,6 +25,12 @@ INPROCESS_COLLECTIVE_TIMEOUT = timedelta(seconds=30)
 # started from an older checkpoint). Restart mode allows them the same. The price: a save
 # blocked on a peer that vanished without closing its sockets holds the recovery this long.
 CHECKPOINT_COLLECTIVE_TIMEOUT = COLLECTIVE_TIMEOUT
+# The bound on forming a generation's groups once every planned node arrived (section 13, point
+# 18). gloo's rendezvous waits this long for a node lost inside it (killed, or frozen after it
+# arrived) before the init fails and the survivors plan the next generation without it, in
+# process; the collective timeout (30 s) would end the same wait in an in-place restart from the
+# checkpoint. Generous for the init itself, which takes well under a second once all arrived.
+ENTRY_INIT_TIMEOUT = timedelta(seconds=10)
 
 
 def destroy() -> None:
@@ -35,17 +41,23 @@ def destroy() -> None:
 
 def init_generation(store: Store, rank: int, world_size: int, *,
                     backend: str = "gloo",
-                    timeout: timedelta = INPROCESS_COLLECTIVE_TIMEOUT) -> Groups:
+                    timeout: timedelta = INPROCESS_COLLECTIVE_TIMEOUT,
+                    init_timeout: timedelta | None = None) -> Groups:
     """The default group of a generation on `store` (already its own prefix), then the
     Session's two gloo side groups, in the same order on every rank (new_group is collective);
-    the checkpoint group waits at least CHECKPOINT_COLLECTIVE_TIMEOUT."""
+    the checkpoint group waits at least CHECKPOINT_COLLECTIVE_TIMEOUT. `init_timeout` bounds
+    the forming of the three groups (each rendezvous waits that long for a missing rank: a
+    DistError); their collectives then wait `timeout`."""
     if backend != "gloo":
         raise ValueError(f"in-process recovery: backend {backend!r} is not implemented yet "
                          "(gloo only; NCCL needs abort + re-init, docs/recovery.md section 4)")
+    forming = init_timeout or timeout
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout)
-    checkpoint = dist.new_group(backend="gloo", timeout=max(timeout,
-                                                             CHECKPOINT_COLLECTIVE_TIMEOUT))
+                            timeout=forming)
+    control = dist.new_group(backend="gloo", timeout=forming)
+    checkpoint = dist.new_group(backend="gloo", timeout=forming)
     assert isinstance(control, dist.ProcessGroup) and isinstance(checkpoint, dist.ProcessGroup)
+    dist.set_timeout(timeout)
+    dist.set_timeout(timeout, control)
+    dist.set_timeout(max(timeout, CHECKPOINT_COLLECTIVE_TIMEOUT), checkpoint)
     return Groups(control, checkpoint)
