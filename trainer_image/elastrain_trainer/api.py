@@ -69,7 +69,7 @@ from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
 from elastrain_trainer.inprocess.config import read_inprocess_config
-from elastrain_trainer.inprocess.session import InProcessRuntime, find_model
+from elastrain_trainer.inprocess.session import InProcessRuntime, PeerLostInSettle, find_model
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.signals import EXIT_RESTART, StopAgreement
@@ -455,7 +455,15 @@ class Session:
         assert _inprocess is not None
         extras = {k: v for k, v in self.state.items()
                   if not isinstance(v, (ModelState, OptimizerState))}
-        self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step, extras)
+        lost: str | None = None
+        try:
+            self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step,
+                                                   extras)
+        except PeerLostInSettle as e:  # a peer lost during the heal or the re-wrap
+            lost = str(e)
+        if lost is not None:  # outside the `except`: its traceback holds the group
+            self._recover(lost, in_body=False)  # the next generation, settled there
+            return
         if announce:
             self._announce()
 

@@ -18,6 +18,10 @@ line (blank lines and `#` comments allowed):
                                       in-process mode: the same, right after the worker said it
                                       arrived at a generation it was planned into (so the
                                       others are already inside that group's init)
+    ELASTRAIN_FAULT_KILL_DURING_HEAL=1
+                                      in-process mode: a joiner SIGKILLs itself once its heal
+                                      began (the header from its source received, the tensors
+                                      not), as a pod lost while it was being healed
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -57,8 +61,9 @@ HANG_AT_STEP = "ELASTRAIN_FAULT_HANG_AT_STEP"
 GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
 FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
 FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
+KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
-           FREEZE_AFTER_ARRIVE)
+           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -140,6 +145,12 @@ def after_join_request(env: Mapping[str, str] = os.environ) -> None:
 
 def after_arrive(env: Mapping[str, str] = os.environ) -> None:
     _freeze_if(FREEZE_AFTER_ARRIVE, "after arriving", env)
+
+
+def during_heal(env: Mapping[str, str] = os.environ) -> None:
+    if int(read_knobs(env).get(KILL_DURING_HEAL) or 0):
+        print(f"elastrain: injected kill during the heal ({KILL_DURING_HEAL})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _freeze_if(knob: str, where: str, env: Mapping[str, str]) -> None:

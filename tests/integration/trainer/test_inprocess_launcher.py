@@ -360,6 +360,49 @@ def test_a_joiner_that_freezes_inside_the_groups_init_costs_the_survivors_no_res
     assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
 
 
+def test_a_joiner_lost_during_its_heal_costs_the_survivors_no_restart(
+        pods: Pods, tmp_path: Path) -> None:
+    """A scale-up pod's worker is killed while it is being healed (its source's header
+    received, the state not: the fault file). The source's send or the re-wrap's check across
+    ranks fails; the survivors treat that as a failed collective (report, plan the next
+    generation without the dead node) in their processes. A replacement joins later and is
+    healed. Seen failing without the handling: the heal's source (b) failed with the
+    re-wrap's error ("Connection reset by peer") and restarted in place as b.1, while a trained
+    on alone at world 1."""
+    for node in ("a", "b"):
+        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    assert None not in pids.values(), pids
+    faults = tmp_path / "heal.env"
+    faults.write_text("ELASTRAIN_FAULT_KILL_DURING_HEAL=1\n")
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
+               STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
+                         for r in pods.all_records()), "the generation after the loss",
+             timeout=120)
+    assert pods.procs["c"].wait(timeout=60) != 0  # its worker SIGKILLed: the pod failed
+    assert "injected kill during the heal" in pods.log("c"), pods.log("c")
+    pods.start("c2", 3, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: any(r["event"] == "regroup" and r["world_size"] == 3
+                         and r.get("healed_from") for r in pods.all_records()),
+             "the replacement healed at world 3", timeout=180)
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
+    codes = {n: pods.procs[n].wait(timeout=240) for n in ("a", "b", "c2")}
+    assert codes == {"a": 0, "b": 0, "c2": 0}, {n: pods.log(n) for n in codes}
+    recs = pods.all_records()
+    lost = [r for r in recs if r["event"] == "peer_lost"]
+    assert lost and {r["node"] for r in lost} <= {"a", "b"}, lost
+    regroups = [(r["world_size"], r["reason"], r["node"]) for r in recs
+                if r["event"] == "regroup" and r["time"] > lost[0]["time"]]
+    print(f"after the loss during the heal: {regroups}")
+    assert regroups[0][:2] == (2, "fail"), regroups
+    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
+    assert nodes <= {"a", "b", "c2"}, nodes  # never a.1 or b.1: no survivor restarted
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
+
+
 def stopping_step(pods: Pods, nodes: tuple[str, ...]) -> int:
     stops = {r["step"] for n in nodes for r in pods.records(n) if r["event"] == "stopping"}
     assert len(stops) == 1, stops

@@ -124,6 +124,9 @@ class Member:
         # after it does not name this node: the old group is gone, so no stop's save either.
         self.dropped = False
         self._stop_gen: int | None = None  # the stop generation whose save this node makes
+        # This node's heal failed part way (a peer lost during it): its model holds no state
+        # of the job's, so the next plan must heal it again (it reports step -1).
+        self.unhealed = False
         self._join_seq = 0           # this node's newest join request
         self._desired_sent: int | None = None
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
@@ -377,6 +380,8 @@ class Member:
         plan = self.plan
         if self.last.kept_group:
             return step, extras
+        # Until the heal below completes, a receiver's model is part old, part received.
+        self.unhealed = self.unhealed or self.node_id in plan.heal
         if self.resharder is not None:
             step, extras, healed = self.resharder.settle(plan, self.node_id, step, extras)
             if healed:
@@ -394,6 +399,7 @@ class Member:
         if step != plan.step and plan.reason != "start":
             raise RuntimeError(f"{self.node_id} is at step {step}, generation {plan.gen} at "
                                f"{plan.step}, and the plan heals it from nobody")
+        self.unhealed = False
         if isinstance(model, DDP):
             rewrap.rewrap_ddp(model, sync=plan.reason == "start")
         self.last.heal_s = time.monotonic() - t0
@@ -554,6 +560,8 @@ class Member:
         old = self.plan
         self.store.mark_failed(old.gen, self.node_id, error)
         self.release(model)
+        if self.unhealed:  # lost during its own heal: it holds no step (a joiner's -1)
+            step = -1
         self.store.report(old.gen, self.node_id, step)
         self._plan_after_failure(old)
         return self._follow(old, step)

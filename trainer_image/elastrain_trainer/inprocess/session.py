@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import metrics
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import fsdp, rewrap
+from elastrain_trainer.inprocess import fsdp, rewrap, transfer
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
 from elastrain_trainer.inprocess.member import Member, MemberConfig
@@ -32,6 +32,11 @@ from elastrain_trainer.parallel import DistEnv
 from elastrain_trainer.signals import EXIT_RESTART, EXIT_STORE_LOST
 
 T = TypeVar("T")
+
+
+class PeerLostInSettle(RuntimeError):
+    """A peer was lost during a heal or the re-wrap after it (its message: the collective's
+    error). Raised without its cause: the failed collective's frames would keep the group."""
 
 
 class StatefulLike(Protocol):
@@ -139,10 +144,19 @@ class InProcessRuntime:
             return step  # the same group, DDP's Reducer and its comm hook as they were
         if isinstance(model, DDP):
             PeerLoss.detach(model)
+        lost: str | None = None
         try:
             step, got = self.member.settle(model, optimizer, step=step, extras=extras)
         except fsdp.ShardsLostError as e:
             self._restart_from_checkpoint(str(e))
+        except transfer.TransferError:
+            raise  # not a loss: the state arrived different from what was sent
+        except RuntimeError as e:  # a send, a receive or DDP's check across ranks failed
+            if self.sharded:
+                raise  # FSDP2 shards part moved: the restart from the checkpoint
+            lost = f"{type(e).__name__}: {e}"
+        if lost is not None:
+            raise PeerLostInSettle(lost)
         if self.member.last is not None and self.member.last.healed_from is not None:
             for name, obj in stateful.items():
                 obj.load_state_dict(got[name])

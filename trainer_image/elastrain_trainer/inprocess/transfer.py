@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastrain_trainer import fault_injection
+
 
 class TransferError(RuntimeError):
     """The state received does not match what the source sent."""
@@ -100,6 +102,7 @@ def send_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int,
 def recv_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, src: int) -> Received:
     """Receive from `src` into the live model and optimizer (checksums checked first)."""
     header = pickle.loads(_recv_bytes(src))  # a peer of the same job
+    fault_injection.during_heal()
     skeleton: dict[Any, Any] = header["skeleton"]
     opt_tensors = [torch.empty(spec[1], dtype=spec[2]) for index in sorted(skeleton)
                    for spec in skeleton[index].values() if spec[0] == "tensor"]
