@@ -58,6 +58,11 @@ class PlanTimeoutError(RuntimeError):
     """No plan came for the next generation in time (the coordinator and its successors gone)."""
 
 
+class NotHealedError(RuntimeError):
+    """A node is not at its plan's step and the plan heals it from nobody (a protocol bug,
+    not a lost peer: never recovered from as one)."""
+
+
 class EntryFailedError(RuntimeError):
     """A node of the plan went silent before it entered the generation (or another node found
     so first): nobody inits that group; its nodes report and plan the next without it."""
@@ -397,8 +402,8 @@ class Member:
                 self.last.healed_from = source
         # A start generation's step is the checkpoint's, loaded by every node alike.
         if step != plan.step and plan.reason != "start":
-            raise RuntimeError(f"{self.node_id} is at step {step}, generation {plan.gen} at "
-                               f"{plan.step}, and the plan heals it from nobody")
+            raise NotHealedError(f"{self.node_id} is at step {step}, generation {plan.gen} at "
+                                 f"{plan.step}, and the plan heals it from nobody")
         self.unhealed = False
         if isinstance(model, DDP):
             rewrap.rewrap_ddp(model, sync=plan.reason == "start")

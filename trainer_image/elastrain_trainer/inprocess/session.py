@@ -24,7 +24,7 @@ from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import fsdp, rewrap, transfer
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
-from elastrain_trainer.inprocess.member import Member, MemberConfig
+from elastrain_trainer.inprocess.member import Member, MemberConfig, NotHealedError
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 from elastrain_trainer.inprocess.peerloss import PeerLoss
 from elastrain_trainer.inprocess.store import MembershipStore
@@ -149,8 +149,8 @@ class InProcessRuntime:
             step, got = self.member.settle(model, optimizer, step=step, extras=extras)
         except fsdp.ShardsLostError as e:
             self._restart_from_checkpoint(str(e))
-        except transfer.TransferError:
-            raise  # not a loss: the state arrived different from what was sent
+        except (transfer.TransferError, NotHealedError):
+            raise  # not a loss: the state arrived different from what was sent, or a bug
         except RuntimeError as e:  # a send, a receive or DDP's check across ranks failed
             if self.sharded:
                 raise  # FSDP2 shards part moved: the restart from the checkpoint
