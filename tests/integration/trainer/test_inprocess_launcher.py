@@ -276,6 +276,53 @@ def test_a_scale_up_pod_joins_the_world_up_to_max_replicas(pods: Pods) -> None:
     assert steps[0][1] == 2 and steps[-1][1] == 3
 
 
+def two_at_step_10_then_a_faulty_joiner(pods: Pods, tmp_path: Path, knob: str,
+                                        node: str = "c") -> dict[str, int | None]:
+    """a and b train at world 2 up to step 10; then `node` asks to join with the fault `knob`
+    set. Returns a's and b's worker PIDs once the survivors formed the generation after the
+    one that failed."""
+    for survivor in ("a", "b"):
+        pods.start(survivor, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    assert None not in pids.values(), pids
+    faults = tmp_path / "fault.env"
+    faults.write_text(f"{knob}=1\n")
+    pods.start(node, 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
+               STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
+                         for r in pods.all_records()), "the generation after the failed one",
+             timeout=120)
+    return pids
+
+
+def assert_the_survivors_trained_on_at_world_2(pods: Pods, pids: dict[str, int | None],
+                                               injected: str) -> list[dict[str, Any]]:
+    """a and b kept their worker processes through the failed entry, trained on at world 2
+    without the joiner and finished every step exactly once. Returns the entry_failed
+    records, for the test's own checks on them."""
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
+    codes = {n: pods.procs[n].wait(timeout=240) for n in ("a", "b")}
+    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
+    assert injected in pods.log("c"), pods.log("c")
+    recs = pods.all_records()
+    failed = [r for r in recs if r["event"] == "entry_failed"]
+    assert failed, [r for r in recs if r["event"] != "step"]
+    gen = failed[0]["gen"]
+    regroups = [(r["gen"], r["world_size"], r["reason"]) for r in recs if r["event"] == "regroup"]
+    assert (gen + 1, 2, "fail") in regroups, regroups
+    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
+    assert nodes <= {"a", "b"}, nodes  # never a.1 or b.1: nobody restarted in place
+    after = next(r for r in recs if r["event"] == "regroup" and r["gen"] == gen + 1)
+    print(f"generation {gen} failed at entry; generation {gen + 1} at world 2 "
+          f"{after['time'] - failed[0]['time']:.2f} s after")
+    kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
+    assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
+    return failed
+
+
 def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivors_no_restart(
         pods: Pods, tmp_path: Path) -> None:
     """A scale-up pod asks to join and then stops answering (its worker SIGSTOPs itself: no
@@ -284,36 +331,13 @@ def test_a_joiner_that_freezes_before_entering_its_generation_costs_the_survivor
     the one after without it, in their processes: same worker PIDs, no node restarted in place,
     every step trained once. Seen failing without the arrival wait (member._arrive): both
     survivors' inits wait 30 s for the frozen rank and they restart in place as a.1 and b.1."""
-    for node in ("a", "b"):
-        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
-    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
-    assert None not in pids.values(), pids
-    faults = tmp_path / "freeze.env"
-    faults.write_text("ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST=1\n")
-    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
-               STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
-                         for r in pods.all_records()), "the generation after the failed one")
-    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
-    survivors = {n: pods.procs[n] for n in ("a", "b")}
-    codes = {n: p.wait(timeout=240) for n, p in survivors.items()}
-    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
-    assert "injected freeze after the join request" in pods.log("c"), pods.log("c")
-    recs = pods.all_records()
-    failed = [r for r in recs if r["event"] == "entry_failed"]
+    pids = two_at_step_10_then_a_faulty_joiner(
+        pods, tmp_path, "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST")
+    failed = assert_the_survivors_trained_on_at_world_2(
+        pods, pids, "injected freeze after the join request")
     # One survivor judged c gone, the other saw that (or judged it too); c never arrived.
-    assert failed and set().union(*(r["lost"] for r in failed)) == {"c"}, failed
+    assert set().union(*(r["lost"] for r in failed)) == {"c"}, failed
     assert {tuple(r["missing"]) for r in failed} == {("c",)}, failed
-    regroups = [(r["gen"], r["world_size"], r["reason"]) for r in recs if r["event"] == "regroup"]
-    gen = failed[0]["gen"]
-    assert (gen + 1, 2, "fail") in regroups, regroups
-    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
-    assert nodes <= {"a", "b"}, nodes  # never a.1 or b.1: nobody restarted in place
-    kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
-    assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
-    steps = [r["step"] for r in recs if r["event"] == "step"]
-    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
 
 
 def test_a_joiner_that_freezes_inside_the_groups_init_costs_the_survivors_no_restart(
@@ -325,39 +349,12 @@ def test_a_joiner_that_freezes_inside_the_groups_init_costs_the_survivors_no_res
     node, in their processes. Seen failing with the init bounded by the 30 s collective
     timeout instead: each survivor's worker failed with the init error and restarted in place
     (a.1, b.1), resuming from the checkpoint."""
-    for node in ("a", "b"):
-        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
-    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
-    assert None not in pids.values(), pids
-    faults = tmp_path / "freeze.env"
-    faults.write_text("ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE=1\n")
-    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
-               STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
-                         for r in pods.all_records()), "the generation after the failed one",
-             timeout=120)
-    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
-    survivors = {n: pods.procs[n] for n in ("a", "b")}
-    codes = {n: p.wait(timeout=240) for n, p in survivors.items()}
-    assert codes == {"a": 0, "b": 0}, {n: pods.log(n) for n in codes}
-    assert "injected freeze after arriving" in pods.log("c"), pods.log("c")
-    recs = pods.all_records()
-    failed = [r for r in recs if r["event"] == "entry_failed"]
-    assert failed and {r["node"] for r in failed} == {"a", "b"}, failed
+    pids = two_at_step_10_then_a_faulty_joiner(
+        pods, tmp_path, "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE")
+    failed = assert_the_survivors_trained_on_at_world_2(
+        pods, pids, "injected freeze after arriving")
+    assert {r["node"] for r in failed} == {"a", "b"}, failed
     assert all(r["missing"] == [] and "init" in r["reason"] for r in failed), failed
-    gen = failed[0]["gen"]
-    regroups = [(r["gen"], r["world_size"], r["reason"]) for r in recs if r["event"] == "regroup"]
-    assert (gen + 1, 2, "fail") in regroups, regroups
-    nodes = {r["node"] for r in recs if r["event"] == "regroup"}
-    assert nodes <= {"a", "b"}, nodes  # never a.1 or b.1: nobody restarted in place
-    after = next(r for r in recs if r["event"] == "regroup" and r["gen"] == gen + 1)
-    print(f"generation {gen} failed in its init; generation {gen + 1} at world 2 "
-          f"{after['time'] - failed[0]['time']:.2f} s after the init gave up")
-    kept = [r for r in recs if r["event"] == "step" and r["time"] > failed[0]["time"]]
-    assert kept and {r["world_size"] for r in kept} == {2}, kept[:3]
-    steps = [r["step"] for r in recs if r["event"] == "step"]
-    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps
 
 
 def test_a_joiner_lost_during_its_heal_costs_the_survivors_no_restart(
@@ -369,18 +366,7 @@ def test_a_joiner_lost_during_its_heal_costs_the_survivors_no_restart(
     healed. Seen failing without the handling: the heal's source (b) failed with the
     re-wrap's error ("Connection reset by peer") and restarted in place as b.1, while a trained
     on alone at world 1."""
-    for node in ("a", "b"):
-        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
-    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
-    assert None not in pids.values(), pids
-    faults = tmp_path / "heal.env"
-    faults.write_text("ELASTRAIN_FAULT_KILL_DURING_HEAL=1\n")
-    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults),
-               STEPS=LATE_JOINER_STEPS)
-    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "fail"
-                         for r in pods.all_records()), "the generation after the loss",
-             timeout=120)
+    pids = two_at_step_10_then_a_faulty_joiner(pods, tmp_path, "ELASTRAIN_FAULT_KILL_DURING_HEAL")
     assert pods.procs["c"].wait(timeout=60) != 0  # its worker SIGKILLed: the pod failed
     assert "injected kill during the heal" in pods.log("c"), pods.log("c")
     pods.start("c2", 3, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
