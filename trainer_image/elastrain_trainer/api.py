@@ -408,8 +408,8 @@ class Session:
         if _inprocess is not None:
             lost: str | None = None
             try:
-                change, time_due, busy = _inprocess.member.boundary(self.step, time_due,
-                                                                    self.manager.in_flight())
+                change, time_due, busy = _inprocess.boundary(self.step, time_due,
+                                                             self.manager.in_flight())
             except RuntimeError as e:  # a peer lost without notice: its sockets closed
                 lost = f"{type(e).__name__}: {e}"
             if lost is not None:  # outside the `except`: its traceback holds the group

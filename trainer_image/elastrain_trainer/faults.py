@@ -83,8 +83,7 @@ def is_configuration_error(exc: BaseException) -> bool:
 def config_reason(message: str, limit: int = 400) -> str:
     """The one line that fails a job for a configuration error (kept short: the operator
     quotes it; kubelet keeps 4 KiB of a termination message)."""
-    what = _ERROR_TYPE.sub("", " ".join(message.split()))
-    return CONFIG_PREFIX + (what if len(what) <= limit else what[:limit - 3] + "...")
+    return CONFIG_PREFIX + reason_of(message, limit)
 
 
 def is_crash(exitcode: int, message: str = "") -> bool:
@@ -141,6 +140,18 @@ def guard_main(main: Callable[[], int]) -> int:
         traceback.print_exc()
         _record(e)
         return 1
+
+
+def record_reason(reason: str) -> None:
+    """Leave `reason` in torch's error file for a worker that ends with an exit code of its
+    own (EXIT_STORE_LOST), so the launcher can quote it; `reason_of` reads it back."""
+    _record(RuntimeError(reason))
+
+
+def reason_of(message: str, limit: int = 300) -> str:
+    """An error file's message as one short line, without the exception's type."""
+    what = _ERROR_TYPE.sub("", " ".join(message.split()))
+    return what if len(what) <= limit else what[:limit - 3] + "..."
 
 
 def _record(exc: BaseException) -> None:

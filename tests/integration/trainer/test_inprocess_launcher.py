@@ -28,11 +28,13 @@ from typing import Any
 
 import pytest
 
+from elastrain_trainer.inprocess import membership as m
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.launch import rdzv_store
 from elastrain_trainer.ports import free_port
 
 from .conftest import trainer_env
+from .tcp_proxy import TcpProxy
 from .test_inprocess import wait_for
 from .test_inprocess_builtin import job_store, records
 
@@ -71,10 +73,12 @@ class Pods:
         self.root, self.port, self.run = root, port, run
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, node: str, replicas: int, **extra: str) -> subprocess.Popen[bytes]:
+    def start(self, node: str, replicas: int, port: int | None = None,
+              **extra: str) -> subprocess.Popen[bytes]:
+        """A pod; `port`: its own way to the store (default: the job's)."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "elastrain_trainer.launch", "-m", "elastrain_trainer"],
-            env=pod_env(self.root, node, self.port, self.run, replicas, **extra),
+            env=pod_env(self.root, node, port or self.port, self.run, replicas, **extra),
             stdout=(self.root / f"{node}.log").open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         self.procs[node] = proc
@@ -558,6 +562,103 @@ def test_the_store_lost_and_back_empty_training_goes_on_and_the_next_join_works(
     assert join["world_size"] == 3, join
     steps = [r["step"] for r in pods.all_records() if r["event"] == "step"]
     assert steps == list(range(1, 201)), steps  # every step once, with or without a store
+
+
+def store_back_first_for_a_new_pod(tmp_path: Path, run: str) -> tuple[
+        Pods, TcpProxy, subprocess.Popen[bytes], int]:
+    """a and b reach the store through a proxy, c directly. The store is SIGKILLed at step 10
+    with the proxy cut, and comes back (empty) while a and b still cannot reach it; c starts
+    and registers in it first. Returns the pods, the proxy (cut), the store and its port."""
+    port = free_port()
+    store = serve(port)
+    proxy = TcpProxy("127.0.0.1", port).start()
+    pods = Pods(tmp_path, proxy.port, run)
+    for node in ("a", "b"):
+        (tmp_path / f"{node}.termination").touch()  # as Kubernetes creates it
+        pods.start(node, 2, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    store.kill()
+    store.wait()
+    proxy.cut()
+    wait_for(lambda: sum(r["event"] == "store_lost" for r in pods.all_records()) == 2,
+             "both nodes notice the loss")
+    store = serve(port)
+    pods.start("c", 3, port=port, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+    new = MembershipStore.connect("127.0.0.1", port, run)
+    wait_for(lambda: new.kv.check(["node/c"]), "c registered in the new store", timeout=120)
+    return pods, proxy, store, port
+
+
+def test_a_pod_that_reaches_the_empty_store_before_the_world_waits_for_it_and_joins(
+        tmp_path: Path) -> None:
+    """The store comes back empty, and a new pod (c) reaches it before the training world
+    does (a and b reconnect through a proxy, opened only once c registered). c waits the
+    heartbeat timeout for a claim before it founds the store; a and b claim it (keep) within
+    a beat of reaching it, so c waits for their restore and joins their world: world 3, same
+    worker PIDs, every step once. Seen failing with no wait before founding: c founds the
+    store at once, a and b find it founded and end their pods, and c trains alone from the
+    checkpoint of step 60 after its start wait (no world-3 join within 180 s)."""
+    run = "store-race-kept"
+    pods, proxy, store, _ = store_back_first_for_a_new_pod(tmp_path, run)
+    try:
+        pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+        proxy.heal()
+        wait_for(lambda: any(r["event"] == "regroup" and r["world_size"] == 3
+                             for r in pods.all_records()), "c joins at world 3", timeout=180)
+        assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # no worker restarted
+        codes = pods.wait_all()
+    finally:
+        pods.kill_all()
+        proxy.cut()
+        store.kill()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    recs = pods.all_records()
+    kept = [r for r in recs if r["event"] == "store_kept"]
+    assert [r["node"] for r in kept] == ["c"] and kept[0]["by"] in ("a", "b"), kept
+    assert not [r for r in recs if r["event"] == "store_founded"]
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps  # every step once
+
+
+def test_a_store_founded_before_the_world_reconnects_ends_the_world_never_two(
+        tmp_path: Path) -> None:
+    """As above, but a and b reach the store only after c founded it (their reconnect later
+    than the heartbeat timeout: by the protocol's own rule, nodes that silent are gone). They
+    must not restore into it beside c's start generation: both end their pods at the same
+    step boundary as a lost store does (exit 1, RendezvousConnectionError), and their
+    replacements start with c from the newest checkpoint. Seen failing when the world
+    restores whatever store it finds: a and b trained on beside c's start generation (still
+    running 60 s after they reached the store)."""
+    run = "store-race-founded"
+    pods, proxy, store, port = store_back_first_for_a_new_pod(tmp_path, run)
+    try:
+        new = MembershipStore.connect("127.0.0.1", port, run)
+        wait_for(lambda: new.epoch() is not None, "c founds the store", timeout=30)
+        assert new.epoch() == m.Epoch(False, "c", new.epoch().nonce)  # type: ignore[union-attr]
+        proxy.heal()
+        codes = {n: pods.procs[n].wait(timeout=60) for n in ("a", "b")}
+        ended = {n: (tmp_path / f"{n}.termination").read_text() for n in ("a", "b")}
+        ckpts = [int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*")]
+        for node in ("a2", "b2"):
+            pods.start(node, 3, port=port, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
+        rest = {n: pods.procs[n].wait(timeout=240) for n in ("c", "a2", "b2")}
+    finally:
+        pods.kill_all()
+        proxy.cut()
+        store.kill()
+    assert codes == {"a": 1, "b": 1}, {n: pods.log(n) for n in codes}
+    assert all("RendezvousConnectionError" in t and "founded" in t for t in ended.values()), ended
+    recs = pods.all_records()
+    founded = [r for r in recs if r["event"] == "store_founded"]
+    assert founded and {r["by"] for r in founded} == {"c"}, founded
+    last_old = max(r["step"] for n in ("a", "b") for r in pods.records(n) if r["event"] == "step")
+    print(f"a and b ended at step {last_old}; newest checkpoint {max(ckpts)}")
+    assert rest == {"c": 0, "a2": 0, "b2": 0}, {n: pods.log(n) for n in rest}
+    resumed = [r for r in recs if r["event"] == "resumed"]
+    assert resumed and {r["step"] for r in resumed} == {max(ckpts)}, resumed
+    starts = [r for r in recs if r["event"] == "regroup" and r["reason"] == "start"
+              and r["time"] > founded[0]["time"]]
+    assert starts and {r["world_size"] for r in starts} == {3}, starts
 
 
 def test_a_loss_while_the_store_is_away_ends_the_pod_as_a_lost_rendezvous_does(

@@ -176,3 +176,14 @@ def test_key_names() -> None:
     assert m.ack_key(3, "w-0") == "gen/3/ack/w-0" and m.failed_key(2) == "gen/2/failed"
     assert m.heartbeat_key("w-1") == "hb/w-1" and m.leave_key("w-1") == "leave/w-1"
     assert m.join_key(4) == "join/4" and m.report_key(2, "w-0") == "gen/2/report/w-0"
+
+
+def test_a_store_claim_says_who_claimed_it_and_whether_a_world_keeps_it() -> None:
+    kept = m.Epoch(True, "job-worker-1-0", "9f3c")
+    founded = m.Epoch(False, "a.1", "07aa")
+    assert kept.text() == "keep:job-worker-1-0:9f3c" and founded.text() == "found:a.1:07aa"
+    assert m.Epoch.parse(kept.text()) == kept and m.Epoch.parse(founded.text()) == founded
+    assert m.Epoch.parse("keep:host:port:ab").node == "host:port"  # the nonce is last
+    for bad in ("", "3f1e9c", "lost:a:1", "keep::1", "found:a:"):
+        with pytest.raises(ValueError, match="not an epoch claim"):
+            m.Epoch.parse(bad)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess.membership import Liveness
+from elastrain_trainer.inprocess.membership import Epoch, Liveness
 from elastrain_trainer.inprocess.store import MembershipStore
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -34,7 +34,8 @@ FAILED_SILENCE_BEATS = 3
 class Heartbeat:
     def __init__(self, connect: Callable[[], MembershipStore], node_id: str, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
-                 probe: Callable[[], bool] = lambda: True) -> None:
+                 probe: Callable[[], bool] = lambda: True,
+                 claim: Callable[[], Epoch | None] = lambda: None) -> None:
         if timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
         self._connect, self.node_id = connect, node_id
@@ -52,6 +53,9 @@ class Heartbeat:
         # each beat and reconnects once it answers (`reconnects` counts it, for the training
         # thread's client).
         self._probe = probe
+        # What this node claims a store that came back with (section 7): a node of a live
+        # world claims it at once, before any fresh node may found it.
+        self._claim = claim
         self.lost = False
         self.reconnects = 0
 
@@ -114,11 +118,15 @@ class Heartbeat:
             return False
         try:
             self._store = self._connect()
+            claim = self._claim()
+            epoch = self._store.claim_epoch(claim) if claim is not None else None
         except Exception:
             return False
         self.lost = False
         self.reconnects += 1
-        emit("store_back", node=self.node_id)
+        emit("store_back", node=self.node_id,
+             epoch=epoch.text() if epoch is not None else None,
+             claimed=epoch is not None and epoch == claim)
         return True
 
     def _tick(self) -> None:

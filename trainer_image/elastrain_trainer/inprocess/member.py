@@ -41,6 +41,7 @@ from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import regroup, rewrap, transfer
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
 from elastrain_trainer.inprocess.membership import (
+    Epoch,
     Liveness,
     NoQuorumError,
     Plan,
@@ -61,6 +62,13 @@ class PlanTimeoutError(RuntimeError):
 class NotHealedError(RuntimeError):
     """A node is not at its plan's step and the plan heals it from nobody (a protocol bug,
     not a lost peer: never recovered from as one)."""
+
+
+class StoreFoundedError(Exception):
+    """The store came back empty and a fresh node founded it before any node of this world
+    claimed it (section 7): this world cannot restore into it, and two worlds of one job must
+    not train side by side, so its pods end as on a lost store (replaced; resume from the
+    newest checkpoint)."""
 
 
 class EntryFailedError(RuntimeError):
@@ -116,8 +124,10 @@ class Member:
         self.store = self._connect()
         self.heartbeat = Heartbeat(
             self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
-            probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port))
-        self.epoch: str | None = None  # the store's incarnation this node knows
+            probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port),
+            claim=self._keep_claim)
+        self.epoch: Epoch | None = None  # the store's incarnation this node knows
+        self.founded: Epoch | None = None  # a store founded under this world (section 7)
         self._reconnects = 0
         self.plan: Plan | None = None
         self.groups: Groups | None = None
@@ -157,16 +167,57 @@ class Member:
         generation, which loads the newest checkpoint as the job's first one does. A node the
         plans keep beyond the world waits here as a spare (section 9)."""
         self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
-        self.epoch = self.store.claim_epoch(uuid.uuid4().hex)
         self.heartbeat.start()
+        self.epoch = self._meet_store()
         gen = self.store.generation()
         self._join_seq = self.store.request_join(self.node_id)
         fault_injection.after_join_request()
-        if gen == 0 and self.store.try_advance(0):
+        if gen == 0 and not self.epoch.kept and self.store.try_advance(0):
             self._publish_start(None)
         # `gen` is won before its plan is published, so the plan of the generation read may
         # still name this node: look from there on.
         return self._await(max(gen, 1))
+
+    def _keep_claim(self) -> Epoch | None:
+        """The claim this node makes on a store that came back empty: a node in a generation
+        keeps it (its world restores into it); a node in none has nothing to restore."""
+        return Epoch(True, self.node_id, uuid.uuid4().hex) if self.plan is not None else None
+
+    def _meet_store(self) -> Epoch:
+        """The store's incarnation, as a node that holds no generation meets it (section 7).
+        An unclaimed store is the job's first, or one that came back empty while a world
+        trains on without it; that world's nodes claim it within a beat of reconnecting
+        (their heartbeat threads probe it every beat), so this node waits the heartbeat
+        timeout for such a claim before it founds the store. Whatever the timing, a store has
+        one claim: a world that finds its store founded by another node ends instead of
+        restoring. A kept store is waited on until its world restored the generation (at its
+        next step boundary), unless the node that kept it falls silent first."""
+        deadline = time.monotonic() + self.cfg.heartbeat_timeout_s
+        epoch = self.store.epoch()
+        while epoch is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            epoch = self.store.epoch()
+        if epoch is None:
+            epoch = self.store.claim_epoch(Epoch(False, self.node_id, uuid.uuid4().hex))
+        liveness = Liveness(self.cfg.heartbeat_timeout_s)
+        deadline = time.monotonic() + self.cfg.plan_wait_s
+        waited = False
+        while epoch.kept and self.store.generation() == 0:
+            if not waited:
+                waited = True
+                emit("store_kept", node=self.node_id, by=epoch.node)
+            if self.signalled:
+                self._leave_waiting()
+            now = time.monotonic()
+            liveness.observe(self.store.heartbeats([epoch.node]), now)
+            if epoch.node in liveness.dead(now):  # its world is gone too: nothing to restore
+                epoch = self.store.replace_epoch(epoch, Epoch(False, self.node_id,
+                                                              uuid.uuid4().hex))
+            elif now > deadline:
+                raise PlanTimeoutError(f"{self.node_id}: the store kept by {epoch.node} was "
+                                       f"not restored within {self.cfg.plan_wait_s} s")
+            time.sleep(0.05)
+        return epoch
 
     def _await(self, gen: int) -> Plan:
         """Wait from generation `gen` on for a plan that names this node in its world, and
@@ -417,6 +468,7 @@ class Member:
         coordinator, when the store's `pending` counter moved since the plan."""
         assert self.plan is not None
         self._follow_store()
+        founded = self.founded is not None
         change = False
         with contextlib.suppress(dist.DistError):
             self._publish_desired()
@@ -429,37 +481,55 @@ class Member:
                 change = change or self.store.pending() != self.plan.pending
         except dist.DistError:
             pass
-        flags = torch.tensor([change, *others], dtype=torch.int32)
+        flags = torch.tensor([change, founded, *others], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return tuple(bool(v) for v in flags.tolist())
+        agreed = tuple(bool(v) for v in flags.tolist())
+        if agreed[1]:  # every rank of the world ends at this boundary, together
+            self._end_if_founded(anyway=True)
+        return (agreed[0], *agreed[2:])
 
-    def _follow_store(self) -> None:
+    def _end_if_founded(self, anyway: bool = False) -> None:
+        if self.founded is not None or anyway:
+            by = self.founded.node if self.founded is not None else "another node"
+            raise StoreFoundedError(f"the job's store came back empty and {by} founded it "
+                                    "before this world reconnected")
+
+    def _follow_store(self, needed: bool = False) -> None:
         """After the heartbeat thread reconnected to a lost store: this thread's client too.
-        When the store came back empty (its epoch changed: section 7), the coordinator restores
-        the current generation (its number and plan) and every node forgets the old store's
-        counters, so the next leave or join is planned as before."""
-        if self.heartbeat.reconnects == self._reconnects or not MembershipStore.reachable(
-                self.cfg.store_host, self.cfg.store_port):
+        When the store came back empty (its epoch changed: section 7), it is kept by this
+        world (the heartbeat thread's claim, or this one): the coordinator restores the
+        current generation (its number and plan) and every node forgets the old store's
+        counters, so the next leave or join is planned as before. Founded by a fresh node
+        first: `founded`, and the world ends at this boundary (`boundary`). `needed`: a change
+        needs the store now, so a store that answers again is followed before this node's
+        heartbeat thread noticed it (a beat later: its peers may have followed already)."""
+        stale = self.heartbeat.reconnects != self._reconnects or (needed and self.heartbeat.lost)
+        if not stale or not MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
             return
         try:
             store = self._connect()
-            epoch = store.epoch()
-            assert self.plan is not None
+            claim = self._keep_claim()
+            assert claim is not None and self.plan is not None
+            epoch = store.claim_epoch(claim)  # the heartbeat thread's claim, or this one
             plan = dataclasses.replace(self.plan, pending=0, join_seq=0)
-            if epoch != self.epoch and self.rank == 0:
-                epoch = store.claim_epoch(uuid.uuid4().hex)
+            if epoch != self.epoch and epoch.kept and self.rank == 0:
                 store.restore(plan)
-                emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch)
+                emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch.text())
         except dist.DistError:
             return  # away again: the next boundary retries
         self._reconnects, self.store = self.heartbeat.reconnects, store
         if epoch != self.epoch:
+            if not epoch.kept:
+                self.founded = epoch
+                emit("store_founded", node=self.node_id, by=epoch.node)
             self.epoch, self.plan = epoch, plan
             self._desired_sent = None  # the empty store forgot it: say it again
 
     def change(self, step: int) -> Plan | None:
         """Every rank, after boundary() agreed on a change: the coordinator plans the next
         generation; every node enters it, or leaves (returns None) when it is not in it."""
+        self._follow_store(needed=True)
+        self._end_if_founded()
         assert self.plan is not None
         old = self.plan
         if self.rank == 0:
@@ -561,6 +631,8 @@ class Member:
         Call it outside the `except` block that caught the failure: while the exception's
         traceback lives, the failed step's frames keep the group (and its sockets) alive, and a
         survivor blocked on this node waits for its collective timeout instead."""
+        self._follow_store(needed=True)
+        self._end_if_founded()
         assert self.plan is not None
         old = self.plan
         self.store.mark_failed(old.gen, self.node_id, error)

@@ -27,6 +27,31 @@ DESIRED_KEY = "desired"  # the world the operator wants (spec.replicas), with sp
 REASONS = ("start", "leave", "join", "fail", "stop", "resize")
 
 
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """A store incarnation's claim (docs/recovery.md section 7). An empty store is either the
+    job's first or one that came back empty while a world trains; who claims it says which.
+    `kept`: a node of a live world claimed it, and that world restores its generation into it;
+    otherwise a fresh node founded it, after waiting for such a claim in vain, and no world
+    may restore into it (its survivors end their pods instead: two worlds of one job never
+    train side by side)."""
+
+    kept: bool
+    node: str
+    nonce: str
+
+    def text(self) -> str:
+        return f"{'keep' if self.kept else 'found'}:{self.node}:{self.nonce}"
+
+    @classmethod
+    def parse(cls, text: str) -> Epoch:
+        kind, _, rest = text.partition(":")
+        node, _, nonce = rest.rpartition(":")
+        if kind not in ("keep", "found") or not node or not nonce:
+            raise ValueError(f"not an epoch claim: {text!r}")
+        return cls(kind == "keep", node, nonce)
+
+
 def store_prefix(run_id: str) -> str:
     """Every key of a job lives under this prefix of the job's store."""
     if not run_id:

@@ -19,12 +19,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from elastrain_trainer import metrics
+from elastrain_trainer import faults, metrics
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import fsdp, rewrap, transfer
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
-from elastrain_trainer.inprocess.member import Member, MemberConfig, NotHealedError
+from elastrain_trainer.inprocess.member import (
+    Member,
+    MemberConfig,
+    NotHealedError,
+    StoreFoundedError,
+)
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 from elastrain_trainer.inprocess.peerloss import PeerLoss
 from elastrain_trainer.inprocess.store import MembershipStore
@@ -99,6 +104,8 @@ class InProcessRuntime:
         from the newest checkpoint. Any other failure is raised as it is."""
         try:
             return change()
+        except StoreFoundedError as e:
+            self._store_lost(str(e))
         except dist.DistError as e:
             if MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
                 raise
@@ -110,6 +117,7 @@ class InProcessRuntime:
               f"{self.cfg.store_port} is lost and a membership change needs it ({error}); "
               "this pod ends, to be replaced, resuming from the newest checkpoint",
               file=sys.stderr, flush=True)
+        faults.record_reason(error)
         raise SystemExit(EXIT_STORE_LOST)
 
     def join(self) -> Plan:
@@ -182,6 +190,11 @@ class InProcessRuntime:
         if plan is not None:
             self._export()
         return plan
+
+    def boundary(self, step: int, *others: bool) -> tuple[bool, ...]:
+        """Member.boundary, needing the store: one founded under this world ends this pod as a
+        lost store does (every rank of the world agreed on it at this boundary)."""
+        return self.needing_store(lambda: self.member.boundary(step, *others))
 
     def change(self, step: int) -> Plan | None:
         """A leave or join agreed at this step boundary: Member.change, needing the store."""

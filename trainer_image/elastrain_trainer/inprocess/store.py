@@ -47,12 +47,19 @@ class MembershipStore:
             return False
 
     # -- the store's incarnation (docs/recovery.md section 7) ----------------------------
-    def epoch(self) -> str | None:
-        return self.kv.get(m.EPOCH_KEY).decode() if self.kv.check([m.EPOCH_KEY]) else None
+    def epoch(self) -> m.Epoch | None:
+        if not self.kv.check([m.EPOCH_KEY]):
+            return None
+        return m.Epoch.parse(self.kv.get(m.EPOCH_KEY).decode())
 
-    def claim_epoch(self, candidate: str) -> str:
+    def claim_epoch(self, candidate: m.Epoch) -> m.Epoch:
         """This store's incarnation: the first claim wins, later ones read the winner's."""
-        return bytes(self.kv.compare_set(m.EPOCH_KEY, "", candidate)).decode()
+        return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, "", candidate.text())).decode())
+
+    def replace_epoch(self, old: m.Epoch, new: m.Epoch) -> m.Epoch:
+        """`new` if the claim is still `old` (else whatever replaced it first)."""
+        return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, old.text(),
+                                                       new.text())).decode())
 
     def restore(self, plan: Plan) -> None:
         """The store came back empty: the current generation again, its number and its plan."""

@@ -61,6 +61,7 @@ from elastrain_trainer.faults import (
     config_reason,
     crash_reason,
     is_crash,
+    reason_of,
 )
 from elastrain_trainer.private_hooks import MissingPrivateHook, missing, require, require_params
 from elastrain_trainer.signals import EXIT_STORE_LOST
@@ -175,8 +176,10 @@ def store_lost_of(failures: dict[int, Any]) -> str | None:
         return None
     for rank, failure in sorted(failures.items()):
         if int(failure.exitcode) == EXIT_STORE_LOST:
+            what = failure_message(failure)
             return (f"elastrain: the job's store is lost (RendezvousConnectionError): rank "
-                    f"{rank} needed it for a membership change")
+                    f"{rank} needed it for a membership change"
+                    + (f" ({reason_of(what)})" if what else ""))
     return None
 
 
