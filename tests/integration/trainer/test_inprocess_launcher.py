@@ -524,6 +524,16 @@ def serve(port: int) -> subprocess.Popen[bytes]:
     return proc
 
 
+def c_joins_and_all_finish(pods: Pods, pids: dict[str, int | None]) -> dict[str, int]:
+    """c joins a's and b's world (world 3) and they keep their worker processes; then every
+    pod's exit code."""
+    wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "join"
+                         and r["world_size"] == 3 for r in pods.all_records()),
+             "c joins at world 3", timeout=180)
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # no worker restarted
+    return pods.wait_all()
+
+
 def test_the_store_lost_and_back_empty_training_goes_on_and_the_next_join_works(
         tmp_path: Path) -> None:
     """The job's store is a process of its own here (the store pod's program), SIGKILLed while
@@ -549,10 +559,7 @@ def test_the_store_lost_and_back_empty_training_goes_on_and_the_next_join_works(
         wait_for(lambda: any(r["event"] == "store_restored" for r in pods.all_records()),
                  "the coordinator restores the generation")
         pods.start("c", 3, MAX_REPLICAS="3", STEPS="200")
-        wait_for(lambda: any(r["event"] == "regroup" and r["reason"] == "join"
-                             for r in pods.all_records()), "c joins", timeout=180)
-        assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # no worker restarted
-        codes = pods.wait_all()
+        codes = c_joins_and_all_finish(pods, pids)
     finally:
         pods.kill_all()
         store.kill()
@@ -603,10 +610,7 @@ def test_a_pod_that_reaches_the_empty_store_before_the_world_waits_for_it_and_jo
     try:
         pids = {n: pods.worker_pid(n) for n in ("a", "b")}
         proxy.heal()
-        wait_for(lambda: any(r["event"] == "regroup" and r["world_size"] == 3
-                             for r in pods.all_records()), "c joins at world 3", timeout=180)
-        assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # no worker restarted
-        codes = pods.wait_all()
+        codes = c_joins_and_all_finish(pods, pids)
     finally:
         pods.kill_all()
         proxy.cut()
