@@ -485,14 +485,13 @@ class Member:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         agreed = tuple(bool(v) for v in flags.tolist())
         if agreed[1]:  # every rank of the world ends at this boundary, together
-            self._end_if_founded(anyway=True)
+            raise self._founded_error()
         return (agreed[0], *agreed[2:])
 
-    def _end_if_founded(self, anyway: bool = False) -> None:
-        if self.founded is not None or anyway:
-            by = self.founded.node if self.founded is not None else "another node"
-            raise StoreFoundedError(f"the job's store came back empty and {by} founded it "
-                                    "before this world reconnected")
+    def _founded_error(self) -> StoreFoundedError:
+        by = self.founded.node if self.founded is not None else "another node"
+        return StoreFoundedError(f"the job's store came back empty and {by} founded it "
+                                 "before this world reconnected")
 
     def _follow_store(self, needed: bool = False) -> None:
         """After the heartbeat thread reconnected to a lost store: this thread's client too.
@@ -529,7 +528,8 @@ class Member:
         """Every rank, after boundary() agreed on a change: the coordinator plans the next
         generation; every node enters it, or leaves (returns None) when it is not in it."""
         self._follow_store(needed=True)
-        self._end_if_founded()
+        if self.founded is not None:
+            raise self._founded_error()
         assert self.plan is not None
         old = self.plan
         if self.rank == 0:
@@ -632,7 +632,8 @@ class Member:
         traceback lives, the failed step's frames keep the group (and its sockets) alive, and a
         survivor blocked on this node waits for its collective timeout instead."""
         self._follow_store(needed=True)
-        self._end_if_founded()
+        if self.founded is not None:
+            raise self._founded_error()
         assert self.plan is not None
         old = self.plan
         self.store.mark_failed(old.gen, self.node_id, error)

@@ -54,11 +54,14 @@ class MembershipStore:
 
     def claim_epoch(self, candidate: m.Epoch) -> m.Epoch:
         """This store's incarnation: the first claim wins, later ones read the winner's."""
-        return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, "", candidate.text())).decode())
+        return self._swap_epoch("", candidate)
 
     def replace_epoch(self, old: m.Epoch, new: m.Epoch) -> m.Epoch:
         """`new` if the claim is still `old` (else whatever replaced it first)."""
-        return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, old.text(),
+        return self._swap_epoch(old.text(), new)
+
+    def _swap_epoch(self, expected: str, new: m.Epoch) -> m.Epoch:
+        return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, expected,
                                                        new.text())).decode())
 
     def restore(self, plan: Plan) -> None:
