@@ -82,6 +82,14 @@ class ChaosJob(Training):
                 total("elastrain_operator_restarts_total"),
                 total("elastrain_operator_training_recovery_seconds_count"))
 
+    def settle(self, replicas: int = 3) -> None:
+        """Also a committed checkpoint: a loss without notice in Restart mode resumes from one,
+        so each scenario holds whichever ran before it (scenario 14 run alone killed before
+        the first commit, and the job rightly started fresh, with no resume to measure)."""
+        super().settle(replicas)
+        wait_for("a committed checkpoint", lambda: self.status().get("lastCheckpoint"),
+                 timeout=180)
+
     def steps_lost(self, at: float) -> int:
         """Restart mode: the suite's measure (last step before `at` - the step the resume
         loaded); InProcess: steps trained again after `at` (there may be no resume at all)."""
