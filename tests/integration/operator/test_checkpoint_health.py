@@ -74,6 +74,10 @@ class Trainer:
         # Shown with a failed test's captured output: what the trainer said, not just a timeout.
         tail = self.stderr.read_text(errors="replace").splitlines()[-40:]
         print(f"--- trainer (exit {self.proc.returncode}) stderr tail ---", *tail, sep="\n")
+        # And its records but the steps: a metrics_unavailable (port taken) says why nobody
+        # could read its /progress.
+        print("--- trainer records ---",
+              *[r for r in list(self.records) if r["event"] != "step"][-20:], sep="\n")
 
 
 def start_job(cluster: Cluster, port: int) -> None:
@@ -119,6 +123,9 @@ def test_an_unusable_location_fails_at_start_and_the_job_says_why(
         assert trainer.proc.wait(timeout=60) == 1
     finally:
         trainer.stop()
+        # What the operator had to go on, shown with a failed test: was the pod Ready (polled)?
+        print("--- job status ---", cluster.status(), "--- pod status ---",
+              {name: pod.get("status") for name, pod in cluster.pods().items()}, sep="\n")
     print(f"{fault}: CheckpointsFailing {seconds:.1f} s after the trainer started")
     assert seconds < 60
     # Exactly what is wrong: the operation and key, the endpoint and the credential source.
