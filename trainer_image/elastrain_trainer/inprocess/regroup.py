@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import torch.distributed as dist
-from torch.distributed import Store  # type: ignore[attr-defined]
+from torch.distributed import HashStore, Store  # type: ignore[attr-defined]
 
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, Groups
 
@@ -34,9 +34,18 @@ ENTRY_INIT_TIMEOUT = timedelta(seconds=10)
 
 
 def destroy() -> None:
-    """Leave the current generation (no-op when there is none)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the current generation, if any, so that the next one's groups are named as on
+    every other rank. c10d names a group by a per-process counter that only the default
+    group's destroy resets; an init that failed (a planned peer never came) counted its group
+    but left no default group to destroy, and this process's every later generation would
+    look for its peers under another name than theirs (seen: all three nodes of a world
+    failing every generation after one node bailed out of an init the other two had begun).
+    A private world of one, made and destroyed, resets it with public calls only."""
+    if not dist.is_initialized():
+        if dist.get_pg_count() == 0:
+            return
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    dist.destroy_process_group()
 
 
 def init_generation(store: Store, rank: int, world_size: int, *,
