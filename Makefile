@@ -103,8 +103,15 @@ images-local:  ## build the pause, operator and trainer images here, without Doc
 	$(PY) -m hack.images build pause operator trainer
 
 .PHONY: test-e2e
-test-e2e: venv  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~46 min warm, ~70 cold)
+test-e2e: venv e2e-deps  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~46 min warm, ~70 cold)
 	$(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
+
+# Built before pytest starts: a cold build of the node's binaries takes longer than one test's
+# timeout on 2 cores, and the first test to need them would be killed mid-build.
+.PHONY: e2e-deps
+e2e-deps: venv build-deps  ## build (or reuse) what the e2e tier adds: kubelet, kube-proxy, CoreDNS, kube-router and the node's images
+	bash hack/build-all.sh node coredns kube-router
+	$(BIN)/python -m hack.images build pause operator trainer torch
 
 .PHONY: cluster-down
 cluster-down:  ## stop what cluster-up started

@@ -4,8 +4,8 @@
 # two at once would only add memory pressure. Prints how long each step took.
 # Usage: hack/build-all.sh [helm|etcd|minio|k8s|node|coredns|kube-router ...]
 #   default: helm etcd minio k8s (the control plane); node (kubelet, kube-proxy), coredns and
-#   kube-router (the NetworkPolicy enforcer) are the real-node tier's (hack/node), built on demand
-#   by its fixture or `make cluster-up TIER=node`.
+#   kube-router (the NetworkPolicy enforcer) are the real-node tier's (hack/node), built by
+#   `make test-e2e` before pytest starts, by `make cluster-up TIER=node`, or on demand by the fixture.
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh

@@ -80,7 +80,8 @@ def require_root() -> None:
 
 def ensure_node_binaries() -> None:
     """Builds what the node tier needs beyond the control plane (kubelet, kube-proxy, CoreDNS)
-    when missing: cached after the first time; the harness tests run first on a fresh machine."""
+    when missing: cached after the first time. `make test-e2e` builds them before pytest starts
+    (cold, they take longer than one test's timeout); this covers a bare `pytest tests/e2e`."""
     missing = cluster.find_binaries().missing("node", True)
     if missing:
         print(f"\nbuilding: hack/build-all.sh {' '.join(missing)}", file=sys.stderr)
