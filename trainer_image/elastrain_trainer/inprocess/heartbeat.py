@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess.membership import Epoch, Liveness
@@ -32,7 +33,10 @@ FAILED_SILENCE_BEATS = 3
 
 
 class Heartbeat:
-    def __init__(self, connect: Callable[[], MembershipStore], node_id: str, *,
+    """`connect(connect_within)`: a client of the job's store; its connect bounded by
+    `connect_within` when given (a reconnect tries for one beat, then probes again)."""
+
+    def __init__(self, connect: Callable[[timedelta | None], MembershipStore], node_id: str, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
                  probe: Callable[[], bool] = lambda: True,
                  claim: Callable[[], Epoch | None] = lambda: None) -> None:
@@ -40,6 +44,7 @@ class Heartbeat:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
         self._connect, self.node_id = connect, node_id
         self.timeout_s, self.interval_s = timeout_s, timeout_s / 5
+        self.beat = timedelta(seconds=self.interval_s)
         self._lock = threading.Lock()
         self._gen, self._watched = 0, frozenset[str]()
         self._spares = frozenset[str]()  # observed, never failing a generation
@@ -60,7 +65,7 @@ class Heartbeat:
         self.reconnects = 0
 
     def start(self) -> Heartbeat:
-        self._store = self._connect()
+        self._store = self._connect(None)
         self._store.beat(self.node_id)
         self._thread.start()
         return self
@@ -78,19 +83,26 @@ class Heartbeat:
             self._spares = frozenset(spares) - {self.node_id}
 
     def dead_spares(self) -> frozenset[str]:
-        with self._lock:
-            return self._liveness.dead(time.monotonic()) & self._spares
+        return self._silent_for(self.timeout_s) & self._spares
 
     def dead(self) -> frozenset[str]:
-        with self._lock:
-            return self._liveness.dead(time.monotonic()) & self._watched
+        return self._silent_for(self.timeout_s) & self._watched
 
     def silent(self) -> frozenset[str]:
         """Watched nodes silent for FAILED_SILENCE_BEATS beats: dead, once a collective of
         theirs has failed."""
+        return self._silent_for(FAILED_SILENCE_BEATS * self.interval_s) & self._watched
+
+    def _silent_for(self, bound_s: float) -> frozenset[str]:
+        """Observed nodes whose counter has not moved for `bound_s`. While this node has lost
+        the store it sees no beat at all: it judges nobody (their silence is its own), and once
+        it reconnects each peer is judged from then on (_reconnect); the collective timeout
+        still bounds a peer that is gone meanwhile. Before, a node whose heartbeat had not yet
+        reconnected found every peer silent and failed the next generation's entry."""
         with self._lock:
-            return (self._liveness.dead(time.monotonic(), FAILED_SILENCE_BEATS * self.interval_s)
-                    & self._watched)
+            if self.lost:
+                return frozenset()
+            return self._liveness.dead(time.monotonic(), bound_s)
 
     def is_alive(self, node: str) -> bool:
         with self._lock:
@@ -109,7 +121,8 @@ class Heartbeat:
             except Exception as e:  # the store lost: train on, reconnect later (section 7)
                 self.errors += 1
                 if not self.lost:
-                    self.lost = True
+                    with self._lock:
+                        self.lost = True
                     emit("store_lost", node=self.node_id, error=f"{type(e).__name__}: "
                                                                f"{' '.join(str(e).split())[:200]}")
 
@@ -117,12 +130,14 @@ class Heartbeat:
         if not self._probe():
             return False
         try:
-            self._store = self._connect()
+            self._store = self._connect(self.beat)
             claim = self._claim()
             epoch = self._store.claim_epoch(claim) if claim is not None else None
         except Exception:
             return False
-        self.lost = False
+        with self._lock:
+            self._liveness = Liveness(self.timeout_s)
+            self.lost = False
         self.reconnects += 1
         emit("store_back", node=self.node_id,
              epoch=epoch.text() if epoch is not None else None,

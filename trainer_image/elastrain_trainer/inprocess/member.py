@@ -28,6 +28,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -146,8 +147,9 @@ class Member:
         self._desired_sent: int | None = None
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
 
-    def _connect(self) -> MembershipStore:
-        return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id)
+    def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
+        return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,
+                                       connect_within=connect_within)
 
     # -- entering ------------------------------------------------------------------------
     def install_signal(self) -> None:
@@ -506,7 +508,7 @@ class Member:
         if not stale or not MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
             return
         try:
-            store = self._connect()
+            store = self._connect(self.heartbeat.beat)  # a boundary waits on it: briefly
             claim = self._keep_claim()
             assert claim is not None and self.plan is not None
             epoch = store.claim_epoch(claim)  # the heartbeat thread's claim, or this one

@@ -31,9 +31,17 @@ class MembershipStore:
 
     @classmethod
     def connect(cls, host: str, port: int, run_id: str,
-                timeout: timedelta = timedelta(seconds=60)) -> MembershipStore:
-        client = TCPStore(host, port, is_master=False, timeout=timeout,
-                               use_libuv=True)
+                timeout: timedelta = timedelta(seconds=60),
+                connect_within: timedelta | None = None) -> MembershipStore:
+        """A client; `timeout` bounds each later request. `connect_within` bounds the connect
+        alone (default: `timeout`): TCPStore retries a failed connect with a backoff that grows
+        to seconds, so a reconnect that starts while the port answers but the store does not
+        (a proxy or Service in front of a store that is gone) would otherwise come back only
+        seconds after the store did, or a minute later."""
+        client = TCPStore(host, port, is_master=False, timeout=connect_within or timeout,
+                          use_libuv=True)
+        if connect_within is not None:
+            client.set_timeout(timeout)
         return cls(client, run_id)
 
     @staticmethod
