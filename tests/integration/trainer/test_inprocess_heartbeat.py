@@ -56,7 +56,7 @@ def test_a_heartbeat_is_back_within_its_timeout_once_the_store_answers_again(
     cannot pass on, as a Service in front of a gone pod may): the heartbeat's probe passes, its
     client's connect fails. Each time, once the store answers again, the heartbeat is back
     within its timeout. Seen failing with the client's default connect (TCPStore retries for
-    60 s with a backoff that grows to seconds): back 1.1 to 4.8 s after the store, and in CI a
+    60 s with a backoff that grows to seconds): back 1.9 to 5.1 s after the store, and in CI a
     fresh pod that had waited its timeout founded the store before the training world could
     keep it (the world then ended its pods)."""
     s = store_behind_proxy

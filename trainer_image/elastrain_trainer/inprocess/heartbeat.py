@@ -104,10 +104,6 @@ class Heartbeat:
                 return frozenset()
             return self._liveness.dead(time.monotonic(), bound_s)
 
-    def is_alive(self, node: str) -> bool:
-        with self._lock:
-            return node == self.node_id or self._liveness.is_alive(node, time.monotonic())
-
     def generation_failed(self) -> bool:
         with self._lock:
             return self._failed_gen == self._gen > 0
