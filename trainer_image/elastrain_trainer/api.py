@@ -42,133 +42,57 @@ import copy
 import dataclasses
 import math
 import os
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.data import DataLoader
 
 from elastrain_trainer import fault_injection, metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest, open_storage
 from elastrain_trainer.checkpoint.manager import LoadResult
 from elastrain_trainer.checkpoint.precheck import ensure_checkpoint_location, give_up
 from elastrain_trainer.checkpoint.read_faults import CheckpointUnavailableError
-from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.config import TrainerConfig, accumulation_steps
+from elastrain_trainer.data import micro_batch_indices
 from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
 from elastrain_trainer.inprocess.config import read_inprocess_config
 from elastrain_trainer.inprocess.session import InProcessRuntime, PeerLostInSettle, find_model
+from elastrain_trainer.loaders import ElasticSampler, StaleBatchError, tracker
+from elastrain_trainer.loaders import install as _track_loaders
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
+from elastrain_trainer.session_state import (
+    PROGRESS_KEY,
+    ModelState,
+    OptimizerState,
+    Progress,
+    Stateful,
+    build_sidecar,
+    build_state,
+    should_checkpoint,
+)
 from elastrain_trainer.signals import EXIT_RESTART, StopAgreement
 
-__all__ = ["DistEnv", "FinalCheckpointError", "Session", "all_reduce", "init_distributed",
-           "run"]
+__all__ = ["DistEnv", "ElasticSampler", "FinalCheckpointError", "Session", "StaleBatchError",
+           "World", "all_reduce", "init_distributed", "run"]
 
-# The session's own entry in the checkpoint (the step counter); users may not take this name.
-PROGRESS_KEY = "elastrain"
 _groups: Groups | None = None
+# The loaders' positions: in the checkpoint's sidecar and among the state sent to joiners.
+DATA_KEY = "elastrain_data"
 # ELASTRAIN_RECOVERY=inProcess (docs/recovery.md): this node's side of the protocol.
 _inprocess: InProcessRuntime | None = None
 
 
 class FinalCheckpointError(RuntimeError):
     """Training ended but its final checkpoint did not commit."""
-
-
-def should_checkpoint(step: int, interval_steps: int, time_due: bool) -> bool:
-    """Save after this step? (step-based locally; time-based already agreed by all ranks)."""
-    return time_due or (interval_steps > 0 and step % interval_steps == 0)
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
-
-class ModelState:
-    """A module (plain, DDP or FSDP2) as DCP sees it: fully qualified names without a wrapper's
-    `module.` prefix and sharded tensors as DTensors, so it loads at any world size."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-
-    def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.model)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state_dict)
-
-
-class OptimizerState:
-    """An optimizer's state keyed by parameter names of its model (not by position)."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state_dict)
-
-
-@dataclasses.dataclass
-class Progress:
-    step: int = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.step = int(state_dict["step"])
-
-
-def build_state(objects: Mapping[str, object]) -> dict[str, Stateful]:
-    """What to checkpoint, by the names the user gave: modules and optimizers through torch's
-    distributed state-dict helpers, anything else by its own state_dict/load_state_dict.
-
-    An optimizer's parameters are named after the one module of the session; with several
-    modules, wrap them in one nn.Module (or pass the optimizer's Stateful yourself)."""
-    if PROGRESS_KEY in objects:
-        raise ValueError(f"Session(...): {PROGRESS_KEY!r} is reserved for the session's step")
-    modules = [o for o in objects.values() if isinstance(o, nn.Module)]
-    state: dict[str, Stateful] = {}
-    for name, obj in objects.items():
-        if isinstance(obj, nn.Module):
-            state[name] = ModelState(obj)
-        elif isinstance(obj, torch.optim.Optimizer):
-            if len(modules) != 1:
-                raise ValueError(f"Session({name}=optimizer) needs exactly one nn.Module beside "
-                                 f"it to name its parameters; got {len(modules)}")
-            state[name] = OptimizerState(modules[0], obj)
-        elif isinstance(obj, Stateful):
-            state[name] = obj
-        else:
-            raise ValueError(f"Session({name}=...): a {type(obj).__name__} has no "
-                             "state_dict()/load_state_dict(); cannot checkpoint it")
-    return state
-
-
-def build_sidecar(step: int, loss: float | None, world_size: int, job_name: str) -> dict[str, Any]:
-    """The checkpoint's small JSON beside the shards (read without torch)."""
-    return {"step": step, "loss": loss, "world_size": world_size, "job_name": job_name,
-            "hostname": socket.gethostname(), "torch_version": torch.__version__,
-            "time": time.time(), "source": "elastrain_trainer.api"}
 
 
 def init_distributed() -> DistEnv:
@@ -215,6 +139,15 @@ class StepCounter(Protocol):
     step: int
 
 
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Where this process sits in one generation (Session(on_world_change=...) gets the old
+    and the new one; the old one's world_size is 0 before the first)."""
+
+    rank: int
+    world_size: int
+
+
 class Session:
     """Resume, periodic and SIGTERM checkpoints, and progress for one training run.
 
@@ -226,6 +159,16 @@ class Session:
     object whose `step` the session advances, saved and restored by one of the objects (the
     session then stores no step of its own); `sidecar`, more fields for each checkpoint's JSON
     sidecar; `on_step`, called on the coordinator with each step record it emits.
+
+    Data (docs/recovery.md section 11): `data=loader` names the training DataLoader (any
+    DataLoader over a DistributedSampler or an ElasticSampler is found when it is built, so
+    this is only needed for one built before init_distributed()); `global_batch=` fixes the
+    global batch (default: the loader's batch size times spec.replicas). The Session splits
+    those samplers over each generation's world and carries their position (epoch and offset)
+    through saves, resumes, joins and a step redone after a lost peer; `accum` is the
+    micro-batches per rank per step that keep the global batch at the current world.
+    `on_world_change(old, new)` runs after each generation is entered (World), for what only
+    the script knows (a process sub-group, a collective of its own).
 
     `build(mesh) -> (model, optimizer)`: needed for an FSDP2 (fully_shard) model with
     ELASTRAIN_RECOVERY=inProcess, ignored otherwise. At each world change the Session calls it
@@ -240,6 +183,9 @@ class Session:
                  on_step: Callable[[dict[str, Any]], None] | None = None,
                  build: Callable[[DeviceMesh], tuple[nn.Module, torch.optim.Optimizer]]
                  | None = None,
+                 data: DataLoader | Sequence[DataLoader] | None = None,  # type: ignore[type-arg]
+                 global_batch: int | None = None,
+                 on_world_change: Callable[[World, World], None] | None = None,
                  **objects: object) -> None:
         cfg = config or TrainerConfig.from_env(os.environ, [])
         if steps is not None:
@@ -255,6 +201,14 @@ class Session:
         else:
             self.progress = progress
         self._sidecar, self._on_step = sidecar, on_step
+        _track_loaders()
+        for loader in [data] if isinstance(data, DataLoader) else (data or []):
+            tracker.adopt(loader, train=True)
+        if global_batch is not None and global_batch < 1:
+            raise ValueError(f"Session(global_batch={global_batch}): must be >= 1")
+        self._global_batch = global_batch
+        self._on_world_change = on_world_change
+        self._world = World(0, 0)
         self._fields: dict[str, Any] = {}
         self.stopped = False
         self.exit_code = 0
@@ -288,12 +242,46 @@ class Session:
         """The step this run resumed from; None when it started fresh."""
         return self._resumed
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the current generation."""
+        return self._world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world.world_size
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all ranks (Session(global_batch=), the loader's batch size
+        times spec.replicas, else ELASTRAIN_GLOBAL_BATCH_SIZE); the same for the whole run."""
+        return tracker.global_batch or self.config.global_batch_size
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch per rank: the training loader's batch size, else
+        ELASTRAIN_MICRO_BATCH_SIZE."""
+        return tracker.micro_batch or self.config.micro_batch_size
+
+    @property
+    def accum(self) -> int:
+        """Micro-batches per rank per step at the current world (read it inside the loop)."""
+        return accumulation_steps(self.global_batch, self.micro_batch, self.world_size)
+
+    def micro_batch_indices(self, k: int) -> range:
+        """Global sample indices of this rank's micro-batch k of the current step, for a script
+        that reads samples by index: step s covers [s * global_batch, (s + 1) * global_batch)
+        at any world size (the built-in trainer's order)."""
+        return micro_batch_indices(self.step * self.global_batch, self.micro_batch,
+                                   self.world_size, self.rank, k)
+
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Session:
         cfg = self.config
         self.denv = init_distributed()
         # Before the join: a spare waits in it, and answers the operator's poll meanwhile.
         self._server = self._serve_metrics()
+        self._plan_batch()
         joined_live = _inprocess is not None and self._join()
         assert _groups is not None
         self._groups = _groups
@@ -320,6 +308,8 @@ class Session:
             self._resumed = self._resume()
             if _inprocess is not None:
                 self._settle()  # the first generation: DDP at its world (rank 0's broadcast)
+        if _inprocess is None:
+            self._enter_world()
         self._started, self._train_s = time.monotonic(), 0.0
         self._entered = True
         return self
@@ -381,6 +371,7 @@ class Session:
                 self._recover(lost.error, in_body=True)
                 continue
             self.progress.step += 1
+            tracker.check_step(self.step)
             self._record(time.monotonic() - t0)
             if lost is not None and lost.error is not None:  # after the optimizer step
                 self._recover(lost.error, in_body=True)
@@ -453,8 +444,7 @@ class Session:
 
     def _settle(self, *, announce: bool = True) -> None:
         assert _inprocess is not None
-        extras = {k: v for k, v in self.state.items()
-                  if not isinstance(v, (ModelState, OptimizerState))}
+        extras = self._extras()
         lost: str | None = None
         try:
             self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step,
@@ -478,6 +468,7 @@ class Session:
         if last is not None and last.healed_from is not None:
             self._resumed = self.step
         assert plan is not None
+        self._enter_world()
         metrics.record_generation(plan.gen, plan.world_size, self.step,
                                   regrouped=plan.reason != "start")
         if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
@@ -568,22 +559,60 @@ class Session:
         self.manager.pg = groups.checkpoint
         self._settle()
 
+    def _extras(self) -> dict[str, Stateful]:
+        """What moves beside the trained model and its optimizer (which heal and DDP move):
+        the Session's other objects (a scheduler, a GradScaler, an EMA module, the built-in
+        trainer's progress) and the loaders' positions."""
+        extras = {k: v for k, v in self.state.items()
+                  if not (isinstance(v, ModelState) and v.model is self._ddp)
+                  and not (isinstance(v, OptimizerState) and v.optimizer is self._optimizer)}
+        return {**extras, DATA_KEY: tracker}
+
+    def _plan_batch(self) -> None:
+        """The global and micro batch of the script's loader, for the plan (which world sizes
+        keep the global batch) and the per-step check; refuses what cannot be re-split."""
+        micro = tracker.micro_batch
+        if _inprocess is not None and tracker.iterable:
+            raise ValueError(
+                f"a DataLoader over an IterableDataset ({', '.join(tracker.iterable)}) cannot "
+                "be re-split when the world changes in process: use a map-style dataset with "
+                "ElasticSampler or DistributedSampler, or spec.recovery.mode: Restart")
+        if micro is None:
+            tracker.global_batch = self._global_batch
+            return
+        replicas = (_inprocess.cfg.replicas if _inprocess is not None
+                    else self.denv.world_size)
+        tracker.global_batch = self._global_batch or micro * replicas
+        if tracker.global_batch % micro:
+            raise ValueError(f"Session(global_batch={tracker.global_batch}) is not a multiple "
+                             f"of the DataLoader's batch_size {micro}")
+        if _inprocess is not None:
+            _inprocess.set_batch(tracker.global_batch, micro)
+
+    def _enter_world(self) -> None:
+        """A generation entered (or the run started): loaders split over it, then the
+        script's callback."""
+        old, self._world = self._world, World(self.denv.rank, self.denv.world_size)
+        tracker.set_world(self._world.rank, self._world.world_size)
+        if self._on_world_change is not None and old != self._world:
+            self._on_world_change(old, self._world)
+
     def _body_state(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """What a step's body may advance besides model and optimizer state: the Session's
         other objects (a scheduler, the built-in trainer's progress) and the optimizer's
         hyper-parameters (a scheduler writes the LR into them); small, copied per step."""
         assert _inprocess is not None
         _inprocess.peer_loss.committed = False
-        extras = {k: copy.deepcopy(v.state_dict()) for k, v in self.state.items()
-                  if not isinstance(v, (ModelState, OptimizerState))}
+        extras = {k: copy.deepcopy(v.state_dict()) for k, v in self._extras().items()}
         hyper = [{k: v for k, v in g.items() if k != "params"}
                  for g in self._optimizer.param_groups]
         return extras, copy.deepcopy(hyper)
 
     def _restore_body_state(self, saved: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
         extras, hyper = saved
+        objects = self._extras()
         for k, sd in extras.items():
-            self.state[k].load_state_dict(sd)
+            objects[k].load_state_dict(sd)
         for group, values in zip(self._optimizer.param_groups, hyper, strict=True):
             group.update(values)
 
@@ -607,6 +636,8 @@ class Session:
 
     def _request(self) -> SaveRequest:
         sidecar = build_sidecar(self.step, self._loss, self.denv.world_size, self.config.job_name)
+        if tracker.samplers:
+            sidecar[DATA_KEY] = tracker.state_dict()
         if self._sidecar is not None:
             sidecar.update(self._sidecar())
         return SaveRequest(self.step, {k: v.state_dict() for k, v in self.state.items()},
@@ -635,6 +666,8 @@ class Session:
                      uri=self.manager.storage.uri, resume=self.config.checkpoint_resume,
                      skipped_step=skipped, steps_lost=lost)
             return None
+        if DATA_KEY in loaded.sidecar:
+            tracker.load_state_dict(loaded.sidecar[DATA_KEY])
         metrics.record_resumed(self.step)
         if self.denv.is_coordinator:
             emit("resumed", step=self.step, uri=loaded.uri, world_size=self.denv.world_size,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from elastrain_trainer.estimate import (
 )
 from elastrain_trainer.events import emit
 from elastrain_trainer.guard import SpikeGuard
+from elastrain_trainer.inprocess.session import known_world_size
 from elastrain_trainer.model import build_model, lm_loss
 from elastrain_trainer.parallel import DistEnv, autocast, gradient_sync, wrap_model
 from elastrain_trainer.schedule import Schedule, build_scheduler
@@ -69,11 +71,10 @@ def run(cfg: TrainerConfig) -> int:
     t = build_objects(cfg, denv)
     dataset = build_dataset(cfg)
     validation = build_validation_dataset(cfg)
-    accum = cfg.accumulation_steps(denv.world_size)  # refuses a bad world size before training
+    if known_world_size(denv) is not None:  # in process, the plan keeps the global batch
+        cfg.accumulation_steps(denv.world_size)  # refuses a bad world size before training
     tokens = cfg.global_batch_size * cfg.seq_len
-    wandb_run = _maybe_wandb(cfg, denv)
-    on_step = None if wandb_run is None else (lambda r: wandb_run.log(r, step=r["step"]))
-    session = Session(config=cfg, progress=t.progress, on_step=on_step,
+    session = Session(config=cfg, progress=t.progress, on_step=_wandb_logger(cfg),
                       sidecar=lambda: _sidecar(t, cfg, dataset),
                       # FSDP2 in in-process mode: how to shard at a new world
                       build=lambda mesh: model_and_optimizer(cfg, denv, mesh),
@@ -190,7 +191,8 @@ def validation_loss(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset:
 
 def check_memory(cfg: TrainerConfig, denv: DistEnv) -> None:
     """Refuse, before allocating anything, a config that cannot fit this device."""
-    est = estimate(cfg, denv.world_size, denv.device.type)
+    # In process the world is not planned yet: a world of one is the largest share (FSDP).
+    est = estimate(cfg, known_world_size(denv) or 1, denv.device.type)
     metrics.record_memory_estimate(est.total_bytes)
     if denv.device.type == "cuda":
         check_fits(est, torch.cuda.mem_get_info(denv.device)[1], f"GPU {denv.device}")
@@ -226,16 +228,28 @@ def _sidecar(t: TrainObjects, cfg: TrainerConfig, dataset: Dataset) -> dict[str,
     }
 
 
-def _maybe_wandb(cfg: TrainerConfig, denv: DistEnv) -> Any:
-    if not cfg.wandb_project or not denv.is_coordinator:
+def _wandb_logger(cfg: TrainerConfig) -> Callable[[dict[str, Any]], None] | None:
+    """Step records to wandb, from the coordinator (the Session calls on_step there only;
+    opened at its first record: in process, who coordinates is known only then)."""
+    if not cfg.wandb_project:
         return None
-    try:
-        import wandb  # type: ignore[import-not-found]
-    except ImportError:
-        emit("wandb_unavailable", note="ELASTRAIN_WANDB_PROJECT set but wandb not installed")
-        return None
-    return wandb.init(project=cfg.wandb_project, name=cfg.job_name, config=vars(cfg),
-                      resume="allow")
+    runs: list[Any] = []
+
+    def log(record: dict[str, Any]) -> None:
+        if not runs:
+            try:
+                import wandb  # type: ignore[import-not-found]
+            except ImportError:
+                emit("wandb_unavailable",
+                     note="ELASTRAIN_WANDB_PROJECT set but wandb not installed")
+                runs.append(None)
+                return
+            runs.append(wandb.init(project=cfg.wandb_project, name=cfg.job_name,
+                                   config=vars(cfg), resume="allow"))
+        if runs[0] is not None:
+            runs[0].log(record, step=record["step"])
+
+    return log
 
 
 def _rss_bytes() -> int:

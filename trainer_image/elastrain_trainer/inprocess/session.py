@@ -2,8 +2,9 @@
 
 `init_distributed()` in in-process mode starts a node alone (a private world of one, so the
 script can build its DDP before it is admitted) and returns a `LiveDistEnv`, whose `rank` and
-`world_size` read the current generation: the README's loop, which reads `env.rank` inside the
-loop, runs unchanged. The Session then joins, and at each change settles (heal, re-wrap).
+`world_size` read the current generation (and raise before the first: no false world of one):
+the README's loop, which reads `env.rank` inside the loop, runs unchanged. The Session then
+joins, and at each change settles (heal, re-wrap).
 """
 
 from __future__ import annotations
@@ -50,16 +51,37 @@ class StatefulLike(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
+class WorldNotKnownError(RuntimeError):
+    """A node's rank or world size read before the Session planned it into a generation."""
+
+
 class LiveDistEnv(DistEnv):
-    """A DistEnv whose rank and world size are the current generation's (read them inside the
-    loop; a copy taken before it is the first generation's only)."""
+    """A DistEnv whose rank and world size are the current generation's. Before the Session
+    planned this node in there is no true value (a joiner's rank is decided by the job's plan),
+    so reading them raises WorldNotKnownError rather than answer rank 0 of a world of one."""
 
     _member: Member | None = None
+
+    def _unknown(self, name: str) -> NoReturn:
+        raise WorldNotKnownError(
+            f"env.{name} is not known before `with Session(...)` in in-process recovery "
+            "(ELASTRAIN_RECOVERY=inProcess): a node's rank and the world size are decided when "
+            f"the job plans it in. Read env.{name} (or session.{name}) inside the Session; a "
+            "DistributedSampler or ElasticSampler is split over each world by the Session, and "
+            "session.accum gives the accumulation at the current world size")
+
+    def __repr__(self) -> str:
+        m = type(self)._member
+        known = m is not None and m.plan is not None
+        where = f"rank={self.rank}, world_size={self.world_size}" if known else "not planned in"
+        return f"LiveDistEnv({where}, local_rank={self.local_rank}, device={self.device})"
 
     @property  # type: ignore[override]
     def rank(self) -> int:
         m = type(self)._member
-        return m.rank if m is not None and m.plan is not None else int(self.__dict__["rank"])
+        if m is None or m.plan is None:
+            self._unknown("rank")
+        return m.rank
 
     @rank.setter
     def rank(self, value: int) -> None:
@@ -68,13 +90,21 @@ class LiveDistEnv(DistEnv):
     @property  # type: ignore[override]
     def world_size(self) -> int:
         m = type(self)._member
-        if m is not None and m.plan is not None:
-            return m.plan.world_size
-        return int(self.__dict__["world_size"])
+        if m is None or m.plan is None:
+            self._unknown("world_size")
+        return m.plan.world_size
 
     @world_size.setter
     def world_size(self, value: int) -> None:
         self.__dict__["world_size"] = value
+
+
+def known_world_size(denv: DistEnv) -> int | None:
+    """The world size, or None before an in-process node was planned into a generation."""
+    try:
+        return denv.world_size
+    except WorldNotKnownError:
+        return None
 
 
 class InProcessRuntime:
@@ -90,6 +120,13 @@ class InProcessRuntime:
             desired=metrics.desired_replicas, on_role=metrics.record_role)))
         self.member.wait_alone()
         self.peer_loss = PeerLoss()
+
+    def set_batch(self, global_batch: int, micro_batch: int) -> None:
+        """The script's batch (its DataLoader's), not the job's defaults: the plan picks world
+        sizes that keep this global batch (before join)."""
+        plan = dataclasses.replace(self.member.cfg.plan, global_batch=global_batch,
+                                   micro_batch=micro_batch)
+        self.member.cfg = dataclasses.replace(self.member.cfg, plan=plan)
 
     def env(self, base: DistEnv) -> LiveDistEnv:
         live = LiveDistEnv(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
@@ -209,12 +246,13 @@ class InProcessRuntime:
 
 def find_model(objects: Mapping[str, object]) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The one model (DDP, or FSDP2's fully_shard) and the one optimizer that in-process mode
-    re-wraps or rebuilds, and heals."""
-    modules = [o for o in objects.values() if isinstance(o, nn.Module)]
+    re-wraps or rebuilds, and heals; other modules are the Session's extras."""
+    modules = [o for o in objects.values()
+               if isinstance(o, nn.Module) and (isinstance(o, DDP) or fsdp.is_fsdp(o))]
     optimizers = [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
-    if (len(modules) != 1 or not (isinstance(modules[0], DDP) or fsdp.is_fsdp(modules[0]))
-            or len(optimizers) != 1):
+    if len(modules) != 1 or len(optimizers) != 1:
         raise ValueError("ELASTRAIN_RECOVERY=inProcess: Session(...) needs exactly one "
                          "DistributedDataParallel or fully_shard (FSDP2) module and one "
-                         "optimizer (other shapes: not implemented yet, use recovery Restart)")
+                         "optimizer (other shapes: not implemented yet, use recovery Restart); "
+                         "plain modules beside it (an EMA copy) move like a scheduler")
     return modules[0], optimizers[0]

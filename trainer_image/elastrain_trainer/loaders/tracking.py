@@ -1,0 +1,136 @@
+"""The process's data loaders, as the Session sees them.
+
+Scripts build their DistributedSampler and DataLoader where torch's examples do: after the
+process group exists, often before the Session. So `install()` (called by init_distributed()
+and Session()) watches DataLoader construction: a loader over a DistributedSampler (or an
+ElasticSampler) is adopted as it is built (loaders.sampler, loaders.loader), wherever the
+script built it. The tracker holds their positions in creation order (the same on every rank
+and in every run of one script), which the Session saves in the checkpoint's sidecar, sends to
+joiners and restores; it sets each generation's world on them; and at each step boundary it
+checks that the step consumed one global batch, which catches an accumulation computed from an
+older world size.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import weakref
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from elastrain_trainer.config import accumulation_steps
+from elastrain_trainer.loaders.loader import ElasticLoader, adopt_loader, sampler_of
+from elastrain_trainer.loaders.sampler import ElasticSampler, Position, adopt
+
+
+class StaleBatchError(ValueError):
+    """A step consumed another number of samples than the global batch (a configuration
+    error of the script: faults.py ends the job with it, quoted)."""
+
+
+class DataTracker:
+    def __init__(self) -> None:
+        self.samplers: list[ElasticSampler] = []
+        self.loaders: list[weakref.ref[ElasticLoader]] = []
+        self.train: weakref.ref[ElasticLoader] | None = None
+        self.iterable: list[str] = []  # loaders over an IterableDataset (not re-splittable)
+        self.rank, self.world = 0, 1
+        self.version = 0  # bumped when the world or the positions change under a pass
+        self.global_batch: int | None = None
+        self._pending: list[Position] = []
+        self._last: list[tuple[int, int, int, bool, int]] | None = None
+
+    # -- what the script built ------------------------------------------------------------
+    def add_sampler(self, sampler: ElasticSampler) -> None:
+        index = len(self.samplers)
+        sampler.set_world(self.rank, self.world)
+        if index < len(self._pending):  # built after the Session restored the positions
+            sampler.restore(self._pending[index])
+        self.samplers.append(sampler)
+
+    def adopt(self, loader: DataLoader, *, train: bool = False) -> None:  # type: ignore[type-arg]
+        sampler = sampler_of(loader)
+        if isinstance(sampler, DistributedSampler):
+            adopted = adopt_loader(loader, adopt(sampler))
+            if not any(ref() is adopted for ref in self.loaders):
+                self.loaders.append(weakref.ref(adopted))
+            if train or self.train is None:
+                self.train = weakref.ref(adopted)
+        elif isinstance(loader.dataset, IterableDataset):
+            self.iterable.append(type(loader.dataset).__name__)
+
+    @property
+    def micro_batch(self) -> int | None:
+        """The training loader's batch size (Session(data=...), else the first adopted)."""
+        loader = self.train() if self.train is not None else None
+        return loader.micro_batch if loader is not None else None
+
+    # -- what the Session does with them ------------------------------------------------------
+    def set_world(self, rank: int, world: int) -> None:
+        if (rank, world) == (self.rank, self.world):
+            return
+        self.rank, self.world = rank, world
+        for sampler in self.samplers:
+            sampler.set_world(rank, world)
+        self.version += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"positions": json.dumps([s.position.to_json() for s in self.samplers]),
+                "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending = [Position.from_json(p) for p in json.loads(state["positions"])]
+        for sampler, position in zip(self.samplers, self._pending, strict=False):
+            sampler.restore(Position(**position.to_json()))
+        if state.get("global_batch") is not None:
+            self.global_batch = int(state["global_batch"])
+        self.version += 1
+        self._last = None
+
+    def check_step(self, step: int) -> None:
+        """At a step boundary: a pass that was under way at the last boundary and still is
+        consumed one global batch since (or nothing: the step read another loader)."""
+        now = [(s.position.epoch, s.position.offset, s.passes, s.position.in_pass, s.pass_end)
+               for s in self.samplers]
+        last, self._last = self._last, now
+        if self.global_batch is None or last is None:
+            return
+        for sampler, before, after in zip(self.samplers, last, now, strict=False):
+            same_pass = before[:1] + before[2:4] == after[:1] + after[2:4] and after[3]
+            read = after[1] - before[1]
+            if same_pass and before[1] < before[4] and after[1] < after[4] and read not in (
+                    0, self.global_batch):
+                raise StaleBatchError(self._stale_message(sampler, step, read))
+
+    def _stale_message(self, sampler: ElasticSampler, step: int, read: int) -> str:
+        micro = self.micro_batch or 1
+        try:
+            accum = accumulation_steps(self.global_batch or 0, micro, self.world)
+            draws = f"session.accum = {accum}"
+        except ValueError:
+            draws = "session.accum"
+        return (f"step {step} read {read} samples through its DataLoader "
+                f"({type(sampler.dataset).__name__}), but the global batch is "
+                f"{self.global_batch}: at world size {self.world} each rank draws {draws} "
+                f"micro-batches of {micro} per step. Read session.accum inside the loop; an "
+                "accumulation computed from an earlier world size is stale")
+
+
+tracker = DataTracker()
+
+
+def install() -> DataTracker:
+    """Adopt every DataLoader built from now on whose sampler is distributed (idempotent)."""
+    init = DataLoader.__init__
+    if not getattr(init, "_elastrain", False):
+        @functools.wraps(init)
+        def __init__(self: DataLoader, *args: Any, **kwargs: Any) -> None:  # type: ignore[type-arg]
+            init(self, *args, **kwargs)
+            tracker.adopt(self)
+
+        __init__._elastrain = True  # type: ignore[attr-defined]
+        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+    return tracker
