@@ -5,23 +5,30 @@ examples/byo/job.yaml --local --simulate-preemption`). What elastrain adds is th
 block: resume from the newest committed checkpoint at any world size, periodic async saves to
 spec.checkpoint.uri, a save on SIGTERM at the next step boundary, /progress and /metrics.
 
-The data is synthetic and drawn per step from (SEED, step): a resumed run, at any world size,
-trains on exactly the batches an uninterrupted run would have.
+The data is the way most scripts read it: a DistributedSampler and a DataLoader with worker
+processes, and gradient accumulation that keeps the global batch. The Session adopts the
+sampler (it is re-split over each world and continued from the same position of the same
+epoch after a leave, a join or a resume at another world size) and gives the accumulation at
+the current world (`session.accum`): read it inside the loop, never compute it before.
 """
 
 import os
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-from elastrain_trainer.api import Session, init_distributed, run
+from elastrain_trainer.api import Session, all_reduce, init_distributed, run
 
 SEED = 1234
-BATCH = 64  # global batch: split evenly over the ranks
+SAMPLES = 4096
+MICRO = 16          # samples per micro-batch per rank (the DataLoader's batch_size)
+GLOBAL_BATCH = 64   # samples per optimizer step over all ranks
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
 LR = float(os.environ.get("BYO_LR", "3e-3"))
+WORKERS = int(os.environ.get("BYO_LOADER_WORKERS", "2"))
 
 
 class Classifier(nn.Module):
@@ -36,48 +43,53 @@ class Classifier(nn.Module):
         return self.net(x)
 
 
-def teacher() -> torch.Tensor:
-    """A fixed random linear map whose argmax is the label to learn."""
+def dataset() -> TensorDataset:
+    """Fixed random inputs labelled by the argmax of a fixed random linear map (a teacher)."""
     g = torch.Generator().manual_seed(SEED)
-    return torch.randn(FEATURES, CLASSES, generator=g)
-
-
-def batch(step: int, rank: int, world: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's share of the global batch of `step`."""
-    if BATCH % world:
-        raise ValueError(f"batch {BATCH} does not split over {world} ranks")
-    g = torch.Generator().manual_seed(SEED * 100_003 + step)
-    x = torch.randn(BATCH, FEATURES, generator=g)
-    y = (x @ w).argmax(dim=1)
-    share = BATCH // world
-    return x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    w = torch.randn(FEATURES, CLASSES, generator=g)
+    x = torch.randn(SAMPLES, FEATURES, generator=g)
+    return TensorDataset(x, (x @ w).argmax(dim=1))
 
 
 def main() -> None:
-    env = init_distributed()  # torchrun's process group; env.device is cuda:LOCAL_RANK or cpu
+    env = init_distributed()  # the process group; env.device is cuda:LOCAL_RANK or cpu
     torch.manual_seed(SEED)   # the same initial weights on every rank
     model = Classifier().to(env.device)
     ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
-    w = teacher()
+    data = dataset()
+    sampler = DistributedSampler(data, shuffle=True, seed=SEED)  # adopted by the Session
+    loader = DataLoader(data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS)
 
-    with Session(model=ddp, optimizer=optimizer, scheduler=scheduler) as session:
-        if session.resumed_from is not None and env.rank == 0:
-            print(f"resumed at step {session.resumed_from} on {env.world_size} rank(s)")
-        for step in session.steps():
-            x, y = (t.to(env.device) for t in batch(step, env.rank, env.world_size, w))
-            loss = nn.functional.cross_entropy(ddp(x), y)
+    with Session(model=ddp, optimizer=optimizer, scheduler=scheduler,
+                 global_batch=GLOBAL_BATCH) as session:
+        if session.resumed_from is not None and session.rank == 0:
+            print(f"resumed at step {session.resumed_from} on {session.world_size} rank(s)")
+        it = iter(loader)
+        for _ in session.steps():
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over the ranks
+            total = torch.zeros(1)
+            for k in range(session.accum):  # micro-batches per rank at this world size
+                try:
+                    x, y = next(it)
+                except StopIteration:  # the epoch's end
+                    sampler.set_epoch(sampler.epoch + 1)
+                    it = iter(loader)
+                    x, y = next(it)
+                x, y = x.to(env.device), y.to(env.device)
+                last = k == session.accum - 1
+                with ddp.no_sync() if not last else torch.enable_grad():
+                    loss = nn.functional.cross_entropy(ddp(x), y) / session.accum
+                    loss.backward()  # DDP averages the gradients over the ranks on the last
+                total += loss.detach().cpu()
             optimizer.step()
             scheduler.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            session.report(loss=mean.item() / env.world_size, tokens=BATCH)
+            all_reduce(total)  # elastrain's: a peer lost here is noted, the step redone
+            session.report(loss=total.item() / session.world_size, tokens=GLOBAL_BATCH)
 
     # Reached only when training finished (a stop ends the process in the `with` above).
-    if env.rank == 0:
+    if session.rank == 0:
         print(f"done: {session.step} steps")
 
 

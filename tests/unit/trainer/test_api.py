@@ -93,3 +93,26 @@ def test_sidecar_says_where_the_checkpoint_came_from() -> None:
     sidecar = api.build_sidecar(12, 0.5, 3, "byo")
     assert {k: sidecar[k] for k in ("step", "loss", "world_size", "job_name")} == {
         "step": 12, "loss": 0.5, "world_size": 3, "job_name": "byo"}
+
+
+def test_an_ema_module_beside_the_model_is_checkpointed_and_names_no_optimizer_parameter() -> None:
+    model, optimizer = _model_and_optimizer()
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    state = api.build_state({"model": model, "optimizer": optimizer, "ema": ema})
+    assert isinstance(state["ema"], api.ModelState) and state["ema"].model is ema
+    assert isinstance(state["optimizer"], api.OptimizerState)
+    assert state["optimizer"].model is model  # the module that holds its parameters
+
+
+def test_in_process_a_rank_read_before_the_session_planned_the_node_in_is_refused() -> None:
+    from elastrain_trainer.inprocess.session import LiveDistEnv, WorldNotKnownError
+    from elastrain_trainer.parallel import read_dist_env
+
+    base = read_dist_env({"RANK": "0", "WORLD_SIZE": "1"})
+    env = LiveDistEnv(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+    LiveDistEnv._member = None
+    for name in ("rank", "world_size"):
+        with pytest.raises(WorldNotKnownError, match=f"env.{name} is not known before `with "
+                                                     r"Session\(\.\.\.\)`"):
+            getattr(env, name)
+    assert "not planned in" in repr(env)

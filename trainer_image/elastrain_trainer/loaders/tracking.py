@@ -123,14 +123,42 @@ tracker = DataTracker()
 
 
 def install() -> DataTracker:
-    """Adopt every DataLoader built from now on whose sampler is distributed (idempotent)."""
-    init = DataLoader.__init__
-    if not getattr(init, "_elastrain", False):
-        @functools.wraps(init)
-        def __init__(self: DataLoader, *args: Any, **kwargs: Any) -> None:  # type: ignore[type-arg]
-            init(self, *args, **kwargs)
-            tracker.adopt(self)
+    """Adopt every DataLoader built from now on whose sampler is distributed (idempotent).
+    Subclasses that build themselves without DataLoader.__init__ (torchdata's
+    StatefulDataLoader) are watched too: those defined already, and those defined later."""
+    _watch(DataLoader)
+    for cls in _subclasses(DataLoader):
+        _watch(cls)
+    if not getattr(DataLoader.__dict__.get("__init_subclass__"), "_elastrain", False):
+        parent = super(DataLoader, DataLoader).__init_subclass__
 
-        __init__._elastrain = True  # type: ignore[attr-defined]
-        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+        def __init_subclass__(cls: type, /, **kwargs: Any) -> None:
+            parent.__func__(cls, **kwargs)  # type: ignore[attr-defined]
+            _watch(cls)
+
+        __init_subclass__._elastrain = True  # type: ignore[attr-defined]
+        DataLoader.__init_subclass__ = classmethod(  # type: ignore[assignment]
+            __init_subclass__)  # type: ignore[arg-type]
     return tracker
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _watch(cls: type) -> None:
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_elastrain", False) or cls.__name__.startswith("Elastic"):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: DataLoader, *args: Any, **kwargs: Any) -> None:  # type: ignore[type-arg]
+        init(self, *args, **kwargs)
+        tracker.adopt(self)
+
+    __init__._elastrain = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
