@@ -50,6 +50,12 @@ test-unit: venv  ## pure tests, seconds, no servers
 test: venv lint build-deps  ## what CI runs: lint + the unit and integration tiers against real servers and torchrun
 	$(BIN)/python -m pytest tests -q --ignore=tests/e2e $(PYTEST_ARGS)
 
+.PHONY: test-durations
+TIER ?= test
+test-durations: venv lint build-deps  ## make test (or TIER=e2e: the e2e tier) with a per-module and per-test time breakdown and the CPU's busy share
+	@if [ "$(TIER)" = e2e ]; then $(MAKE) e2e-deps && $(BIN)/python -m tests.durations run -- tests/e2e -q $(PYTEST_ARGS); \
+	else $(BIN)/python -m tests.durations run -- tests -q --ignore=tests/e2e $(PYTEST_ARGS); fi
+
 .PHONY: test-all
 test-all: test test-e2e  ## make test, then the e2e tier on a real node (root)
 
