@@ -1,7 +1,7 @@
 """Where the test time goes: a per-module and per-test wall-time breakdown of a pytest run.
 
-    python -m tests.durations run [--top N] -- <pytest args>   # runs pytest, then reports
-    python -m tests.durations report [--top N] FILE.xml          # a run's junit XML
+    python -m tests.durations [--top N] run -- <pytest args>   # runs pytest, then reports
+    python -m tests.durations [--top N] report FILE.xml          # a run's junit XML
 
 `make test-durations` runs the `make test` tier this way (and the e2e tier with
 `make test-durations TIER=e2e`). Besides the times it reports the machine's CPU busy share over
