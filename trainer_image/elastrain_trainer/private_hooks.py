@@ -16,14 +16,22 @@ torch (launch/agent.py; checked when `python -m elastrain_trainer.launch` starts
   from) is replaced by a subclass whose `_monitor_workers` ends the node on a worker's own crash
   and sets `spec.rdzv_handler.shutdown` to a no-op so the rendezvous stays open for the
   replacement. Broken: a crashing trainer restarts in place forever, maxRestarts never applies.
-  Escape hatch: ELASTRAIN_PLAIN_TORCHRUN=1 runs plain torchrun without either patch (and says
-  what is lost); without it a missing hook stops the launcher with exit code 1.
+  Escape hatch: ELASTRAIN_PLAIN_TORCHRUN=1 runs plain torchrun without any of these patches (and
+  says what is lost); without it a missing hook stops the launcher with exit code 1.
 - On a worker's crash in a multi-node world, the same subclass arrives at torchrun's exit barrier
   itself (`torch.distributed.elastic.utils.store._barrier_nonblocking` with
   `agent.server.api._TERMINAL_STATE_SYNC_ID` on `SimpleElasticAgent._store`, and its own
   `_exit_barrier` skips a second arrival): when every peer is there, the world finished and the
   node ends 0 with a warning. Broken: a crash after the world finished is counted and replaced,
   and the peers wait 5 minutes at the barrier (checked when the agent is made, or on the crash).
+- `SubprocessHandler.close(death_sig=)` is replaced and `SubprocessContext._close(death_sig=,
+  timeout=)` wrapped (torch.distributed.elastic.multiprocessing; the replacement signals
+  `handler.proc` and closes the handler's `_stdout`/`_stderr` log files as torch's does, the
+  wrapper reads `subprocess_handlers`): a stop's SIGTERM reaches each worker's process, not its
+  process group, which is SIGKILLed at --shutdown-timeout or once the worker exited. Broken: a
+  notice kills the trainer's DataLoader workers, the trainer fails mid-step instead of saving
+  its step (restart mode) or leaving cleanly (in-process mode). On real processes:
+  tests/integration/trainer/test_loader_workers_notice.py.
 - In-process recovery only: after the signalled agent's shutdown, its `_pcontext`
   (`SubprocessContext.subprocess_handlers[rank].proc.returncode`) says whether every worker
   left cleanly, and then the launcher exits 0. Not enforced: without it the launcher exits 1

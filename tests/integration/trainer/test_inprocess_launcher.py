@@ -74,10 +74,12 @@ class Pods:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, node: str, replicas: int, port: int | None = None,
+              entry: tuple[str, ...] = ("-m", "elastrain_trainer"),
               **extra: str) -> subprocess.Popen[bytes]:
-        """A pod; `port`: its own way to the store (default: the job's)."""
+        """A pod; `port`: its own way to the store (default: the job's); `entry`: what the
+        launcher runs (default: the built-in trainer)."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "elastrain_trainer.launch", "-m", "elastrain_trainer"],
+            [sys.executable, "-m", "elastrain_trainer.launch", *entry],
             env=pod_env(self.root, node, port or self.port, self.run, replicas, **extra),
             stdout=(self.root / f"{node}.log").open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)

@@ -22,6 +22,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
+    SubprocessHandler,
+)
 from torch.distributed.elastic.utils import store as store_util
 from torch.distributed.launcher import api as launcher_api
 
@@ -179,9 +183,12 @@ def _spec() -> WorkerSpec:
 def unpatched_agent() -> Iterator[None]:
     stop = LocalElasticAgent._stop_workers
     agent = launcher_api.LocalElasticAgent  # type: ignore[attr-defined]
+    close, close_all = SubprocessHandler.close, SubprocessContext._close
     yield
     LocalElasticAgent._stop_workers = stop  # type: ignore[method-assign]
     launcher_api.LocalElasticAgent = agent  # type: ignore[attr-defined]
+    SubprocessHandler.close = close  # type: ignore[method-assign]
+    SubprocessContext._close = close_all  # type: ignore[method-assign]
 
 
 def test_a_restart_of_a_real_agent_waits_its_shutdown_timeout(
@@ -211,6 +218,16 @@ def test_launch_agent_builds_the_crash_budget_agent(unpatched_agent: None) -> No
     assert built._shutdown_timeout == 60
     # launch_agent looks the class up in its module when it runs, so the subclass is the one used.
     assert "LocalElasticAgent" in launcher_api.launch_agent.__code__.co_names
+
+
+def test_the_notice_patch_takes_over_torchs_worker_close(unpatched_agent: None) -> None:
+    """What the replacement relies on is in torch's code; the stop itself runs on real processes
+    in tests/integration/trainer/test_loader_workers_notice.py."""
+    torch_close = SubprocessHandler.close
+    launch_agent.patch_notice_to_trainer()
+    launch_agent.patch_notice_to_trainer()  # idempotent
+    assert SubprocessHandler.close is not torch_close
+    assert getattr(SubprocessContext._close, "_elastrain", False)
 
 
 # --- botocore: the credentials a client resolved (checkpoint/s3.py)
@@ -262,6 +279,15 @@ BROKEN: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], Callable[[], Any],
     "SimpleElasticAgent._exit_barrier": (
         lambda mp: _drop(mp, SimpleElasticAgent, "_exit_barrier"),
         launch_agent.patch_crash_budget, "_exit_barrier"),
+    "SubprocessHandler.close(death_sig=)": (
+        lambda mp: mp.setattr(SubprocessHandler, "close", lambda self: None),
+        launch_agent.patch_notice_to_trainer, "SubprocessHandler.close(death_sig=)"),
+    "SubprocessHandler.close's killpg": (
+        lambda mp: mp.setattr(SubprocessHandler, "close", lambda self, death_sig=None: None),
+        launch_agent.patch_notice_to_trainer, "SubprocessHandler.close's use of"),
+    "SubprocessContext._close(death_sig=, timeout=)": (
+        lambda mp: mp.setattr(SubprocessContext, "_close", lambda self, death_sig: None),
+        launch_agent.patch_notice_to_trainer, "SubprocessContext._close(timeout=)"),
     "RequestSigner._credentials": (
         lambda mp: mp.setattr(s3, "boto3", _client_without_signer()),
         lambda: s3.S3Storage("s3://b/p"), "BaseClient._request_signer"),

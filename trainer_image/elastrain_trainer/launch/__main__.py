@@ -7,7 +7,8 @@ Worker pods run this (the operator's default command; a TrainingJob's `command` 
 too), and so does every local agent (cluster.py). Options and PET_* variables are torchrun's.
 A torch whose agent internals changed stops the launcher with a message naming the hook and the
 tested torch versions (exit code 1, also in the termination message); ELASTRAIN_PLAIN_TORCHRUN=1
-runs plain torchrun instead, without the crash budget and the long restart saves.
+runs plain torchrun instead, without the crash budget, the long restart saves and the notice to
+the trainer alone (agent.py: a stop's SIGTERM would reach a DataLoader's workers too).
 
 Configuration errors (faults.CONFIG_PREFIX, exit code EXIT_CONFIG) fail the job at once, with
 no restart: a worker that reported one, a torch without the hooks above, and a command that
@@ -30,6 +31,7 @@ from elastrain_trainer.launch.agent import (
     WorkerMisconfigured,
     left_cleanly,
     patch_crash_budget,
+    patch_notice_to_trainer,
     patch_restart_timeout,
     report_crash,
 )
@@ -39,12 +41,14 @@ from elastrain_trainer.private_hooks import PLAIN_TORCHRUN_ENV, MissingPrivateHo
 def main(argv: list[str] | None = None) -> int:
     if os.environ.get(PLAIN_TORCHRUN_ENV) == "1":
         print(f"elastrain launch: {PLAIN_TORCHRUN_ENV}=1: plain torchrun; a worker's crash "
-              "restarts in place up to --max-restarts and a restart SIGKILLs its workers "
-              "after 30 s", file=sys.stderr, flush=True)
+              "restarts in place up to --max-restarts, a restart SIGKILLs its workers "
+              "after 30 s and a stop's SIGTERM reaches their DataLoader workers too",
+              file=sys.stderr, flush=True)
     else:
         try:
             patch_restart_timeout()
             patch_crash_budget()
+            patch_notice_to_trainer()
         except MissingPrivateHook as e:
             report_crash(f"{CONFIG_PREFIX}launcher: {e} (or set {PLAIN_TORCHRUN_ENV}=1 to run "
                          "plain torchrun without these patches)")

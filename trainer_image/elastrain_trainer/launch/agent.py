@@ -37,10 +37,23 @@ when all arrive, the world's training is complete, the crash is reported as a wa
 node ends 0 like its peers; as soon as a node waits for a new round instead (a peer restarting
 after this crash mid-training) or the wait runs out, the crash counts as before.
 
+Third change: a stop's signal reaches each worker's own process, its process group only at the
+deadline. torchrun starts each worker in a session of its own and stops it with
+`os.killpg(SIGTERM)`, so a notice (a pod's eviction, `elastrain run --local`'s preemption, a
+worker-group restart, a local rank's failure: all go through the same worker context's close)
+also struck the processes the trainer started: a DataLoader's workers died of it and the
+trainer raised "DataLoader worker ... is killed by signal: Terminated" mid-step or mid-save, so
+no SIGTERM checkpoint was written (restart mode) or the node failed instead of leaving
+(in-process mode). Here the signal goes to the worker's process alone; its children serve it
+until it stops at a step boundary and are shut down by it. The group is SIGKILLed at
+--shutdown-timeout as before (a worker that ignores the notice with it), and once a notified
+worker has exited whatever it left in its group is SIGKILLed too.
+
 All patches use torch internals (listed in elastrain_trainer.private_hooks). If a torch release
 changes them, patching raises MissingPrivateHook naming the hook and the tested torch versions,
 and the launcher stops (a configuration error: no restart installs another torch) rather than
-run as plain torchrun without the crash budget and the long restart saves;
+run as plain torchrun without the crash budget, the long restart saves and the notice to the
+trainer alone;
 ELASTRAIN_PLAIN_TORCHRUN=1 asks for plain torchrun explicitly.
 """
 
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -92,6 +106,8 @@ FINISHED_WAIT_SECONDS = 10.0
 _FINISHED_WORLD = "to tell a crash after the world finished training from one that needs a restart"
 _RESTART_WAITS = "so that a worker-group restart waits --shutdown-timeout for the SIGTERM save"
 _CRASH_BUDGET = "to stop the node on a worker's own crash (the crash budget)"
+_NOTICE = ("so that a stop's SIGTERM reaches each worker's own process, not the processes it "
+           "started (a DataLoader's workers)")
 
 
 def patch_restart_timeout() -> None:
@@ -119,6 +135,59 @@ def patch_restart_timeout() -> None:
 
     _stop_workers._elastrain = True  # type: ignore[attr-defined]
     agent._stop_workers = _stop_workers  # type: ignore[method-assign]
+
+
+def patch_notice_to_trainer() -> None:
+    """Make torch's worker context signal each worker's process, and kill its process group
+    only at the deadline or once the worker exited (see the module docstring;
+    MissingPrivateHook if torch changed what this relies on)."""
+    from torch.distributed.elastic.multiprocessing import api as mp_api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    handler = require(subprocess_handler, "SubprocessHandler", library="torch",
+                      needed_for=_NOTICE)
+    require_params(require(handler, "close", library="torch", needed_for=_NOTICE),
+                   ["death_sig"], hook="SubprocessHandler.close", library="torch",
+                   needed_for=_NOTICE)
+    context = require(mp_api, "SubprocessContext", library="torch", needed_for=_NOTICE)
+    require_params(require(context, "_close", library="torch", needed_for=_NOTICE),
+                   ["death_sig", "timeout"], hook="SubprocessContext._close", library="torch",
+                   needed_for=_NOTICE)
+    if getattr(context._close, "_elastrain", False):
+        return
+    torch_close, torch_close_all = handler.close, context._close
+    # The replacements below take over what torch's do with these (the worker's Popen, its log
+    # files, the context's handlers); a torch that keeps them elsewhere is not patched blind.
+    for hook, fn, names in (
+            ("SubprocessHandler.close", torch_close, {"killpg", "proc", "_stdout", "_stderr"}),
+            ("SubprocessContext._close", torch_close_all, {"subprocess_handlers", "proc"})):
+        if not names <= set(fn.__code__.co_names):
+            raise missing(f"{hook}'s use of {', '.join(sorted(names))}", "torch", _NOTICE)
+
+    def close(self: Any, death_sig: signal.Signals | None = None) -> None:
+        if death_sig == signal.SIGKILL:  # the deadline: the whole group, as torch does
+            torch_close(self, death_sig)
+            return
+        # The notice is the trainer's alone (its DataLoader's workers keep serving it).
+        self.proc.send_signal(death_sig or signal.SIGTERM)
+        for log in (self._stdout, self._stderr):
+            if log:
+                log.close()
+
+    def _close(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
+        notified = [h.proc for h in self.subprocess_handlers.values() if h.proc.poll() is None]
+        torch_close_all(self, death_sig, timeout)
+        for proc in notified:
+            # What a worker that stopped in time left in its group: run() ends the trainer with
+            # os._exit, which skips the DataLoader's shutdown of its workers while anything
+            # still holds the loader's iterator. (A group's id is not reused while it has
+            # members; an empty group is ProcessLookupError.)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    _close._elastrain = True  # type: ignore[attr-defined]
+    handler.close = close
+    context._close = _close
 
 
 def failure_message(failure: Any) -> str:
