@@ -100,6 +100,7 @@ def init_distributed() -> DistEnv:
     already did; returns where this process sits (rank, world_size, local_rank, device).
     Outside torchrun it is a world of one."""
     global _groups, _inprocess
+    _track_loaders()  # the DataLoaders the script builds from now on follow the world
     denv = read_dist_env(os.environ)
     inprocess = read_inprocess_config(os.environ)
     if inprocess is not None:
