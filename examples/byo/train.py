@@ -12,7 +12,9 @@ epoch after a leave, a join or a resume at another world size) and gives the acc
 the current world (`session.accum`): read it inside the loop, never compute it before.
 """
 
+import json
 import os
+import time
 
 import torch
 from torch import nn
@@ -29,6 +31,9 @@ GLOBAL_BATCH = 64   # samples per optimizer step over all ranks
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
 LR = float(os.environ.get("BYO_LR", "3e-3"))
 WORKERS = int(os.environ.get("BYO_LOADER_WORKERS", "2"))
+# 1: each rank prints the sample indices it trained at each step (the e2e test checks that
+# every sample is trained once per epoch across an eviction with it).
+LOG_SAMPLES = os.environ.get("BYO_LOG_SAMPLES") == "1"
 
 
 class Classifier(nn.Module):
@@ -44,11 +49,12 @@ class Classifier(nn.Module):
 
 
 def dataset() -> TensorDataset:
-    """Fixed random inputs labelled by the argmax of a fixed random linear map (a teacher)."""
+    """Fixed random inputs labelled by the argmax of a fixed random linear map (a teacher),
+    with each sample's index."""
     g = torch.Generator().manual_seed(SEED)
     w = torch.randn(FEATURES, CLASSES, generator=g)
     x = torch.randn(SAMPLES, FEATURES, generator=g)
-    return TensorDataset(x, (x @ w).argmax(dim=1))
+    return TensorDataset(x, (x @ w).argmax(dim=1), torch.arange(SAMPLES))
 
 
 def main() -> None:
@@ -67,16 +73,17 @@ def main() -> None:
         if session.resumed_from is not None and session.rank == 0:
             print(f"resumed at step {session.resumed_from} on {session.world_size} rank(s)")
         it = iter(loader)
-        for _ in session.steps():
+        for step in session.steps():
             optimizer.zero_grad(set_to_none=True)
-            total = torch.zeros(1)
+            total, seen = torch.zeros(1), []
             for k in range(session.accum):  # micro-batches per rank at this world size
                 try:
-                    x, y = next(it)
+                    x, y, index = next(it)
                 except StopIteration:  # the epoch's end
                     sampler.set_epoch(sampler.epoch + 1)
                     it = iter(loader)
-                    x, y = next(it)
+                    x, y, index = next(it)
+                seen += index.tolist()
                 x, y = x.to(env.device), y.to(env.device)
                 last = k == session.accum - 1
                 with ddp.no_sync() if not last else torch.enable_grad():
@@ -87,6 +94,10 @@ def main() -> None:
             scheduler.step()
             all_reduce(total)  # elastrain's: a peer lost here is noted, the step redone
             session.report(loss=total.item() / session.world_size, tokens=GLOBAL_BATCH)
+            if LOG_SAMPLES:
+                print(json.dumps({"event": "samples", "time": time.time(), "step": step,
+                                  "rank": session.rank, "world_size": session.world_size,
+                                  "epoch": sampler.epoch, "indices": seen}), flush=True)
 
     # Reached only when training finished (a stop ends the process in the `with` above).
     if session.rank == 0:

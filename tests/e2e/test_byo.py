@@ -37,7 +37,8 @@ def byo_job(node: NodeCluster, ns: str, mode: str) -> dict[str, Any]:
     s = job["spec"]
     s.update(image=node.images["trainer"], terminationGracePeriodSeconds=60)
     s["trainer"]["steps"] = STEPS
-    s["env"] = [{"name": "ELASTRAIN_STEP_SLEEP_SECONDS", "value": "0.25"}]
+    s["env"] = [{"name": "ELASTRAIN_STEP_SLEEP_SECONDS", "value": "0.25"},
+                {"name": "BYO_LOG_SAMPLES", "value": "1"}]
     s["checkpoint"].update(uri=f"s3://{node.s3.bucket}/{ns}/byo", endpoint=node.s3.endpoint_url,
                            intervalSteps=20)
     s["template"]["imagePullPolicy"] = "Never"
@@ -45,6 +46,28 @@ def byo_job(node: NodeCluster, ns: str, mode: str) -> dict[str, Any]:
                       "limits": {"memory": "1536Mi"}}
     s.update(recovery_spec(mode))
     return job
+
+
+def assert_every_sample_once_per_epoch(records: list[dict[str, Any]]) -> None:
+    """Every step was trained by each rank of its world once and read one global batch, and the
+    samples trained cover each epoch once: every whole epoch exactly, the last one in part (the
+    loader has 2 workers; InProcess went from world 2 to 1 and back in the same processes)."""
+    per_step: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        per_step.setdefault(int(r["step"]), []).append(r)
+    assert sorted(per_step) == list(range(STEPS)), sorted(set(range(STEPS)) - set(per_step))
+    per_epoch: dict[int, list[int]] = {}
+    for step, rs in per_step.items():
+        world = {int(r["world_size"]) for r in rs}
+        assert len(world) == 1 and sorted(r["rank"] for r in rs) == list(range(world.pop())), (
+            step, rs)
+        indices = [i for r in rs for i in r["indices"]]
+        assert len(indices) == 64, (step, len(indices))
+        per_epoch.setdefault(int(rs[0]["epoch"]), []).extend(indices)
+    for epoch, indices in sorted(per_epoch.items()):
+        assert len(indices) == len(set(indices)), f"epoch {epoch}: a sample trained twice"
+        if epoch < max(per_epoch):
+            assert sorted(indices) == list(range(4096)), f"epoch {epoch}: samples skipped"
 
 
 @pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
@@ -74,6 +97,7 @@ def test_byo_script_resumes_an_eviction_with_no_step_lost(operator: NodeCluster,
                         if float(r["time"]) > at]
             assert ("leave", 1) in regroups and ("join", 2) in regroups, regroups
             assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
+        assert_every_sample_once_per_epoch(logs.events("samples"))
     status = job_status(k, ns, "byo")
     assert status.get("preemptions") == 1 and status.get("restarts", 0) == 0, status
     assert status["lastCheckpoint"]["step"] == STEPS, status
