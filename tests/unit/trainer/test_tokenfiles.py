@@ -163,8 +163,11 @@ def test_a_remote_file_is_read_in_blocks_prefetched_for_the_next_steps_once_each
     tokens = pattern_tokens(200 * 9, 256)
     source = CountingSource(nanogpt_bytes(tokens))
     layout = parse_layout(URI, "nanogpt", b"", source.size)
+    # Three steps of this slot span 5 blocks: prefetch's bound (2 x 3 workers queued or being
+    # read) takes them all however far the reads have got, so what is asked for never depends
+    # on thread timing.
     ds = TokenFileDataset(source, layout, seq_len=8, seed=3, vocab_size=256,
-                          global_batch_size=8, prefetch_steps=2, workers=2, block_bytes=4 * 18)
+                          global_batch_size=8, prefetch_steps=2, workers=3, block_bytes=4 * 18)
     assert ds.block_windows == 4
     ds.prefetch(micro_batch_indices(0, 2, 2, 1, 0))  # rank 1's first micro-batch of step 0
     slot = [2, 3, 10, 11, 18, 19]  # the same slot of steps 0, 1 and 2

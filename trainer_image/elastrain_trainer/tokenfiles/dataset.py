@@ -114,8 +114,7 @@ class TokenFileDataset:
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cached_bytes = 0
         self._pending: dict[int, Future[np.ndarray]] = {}
-        # Reentrant: a future that is already done runs its callback (_landed) in submit().
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._pool = (ThreadPoolExecutor(workers, thread_name_prefix="elastrain-data")
                       if any(s.remote for s in sources) else None)
         if self._pool is not None:
@@ -205,9 +204,8 @@ class TokenFileDataset:
 
     def _submit(self, block: int) -> Future[np.ndarray]:
         assert self._pool is not None
-        future = self._pool.submit(self._fetch_block, block)
+        future = self._pool.submit(self._read_block, block)
         self._pending[block] = future
-        future.add_done_callback(functools.partial(self._landed, block))
         return future
 
     def prefetch(self, indices: Sequence[int]) -> None:
@@ -225,19 +223,28 @@ class TokenFileDataset:
                 if block not in self._cache and block not in self._pending:
                     self._submit(block)
 
-    def _landed(self, block: int, future: Future[np.ndarray]) -> None:
-        with self._lock:
-            if self._pending.get(block) is future:
+    def _read_block(self, block: int) -> np.ndarray:
+        """On the pool: the block leaves _pending (into the cache, or, if the read failed, for a
+        step to fetch it again and see the error) before its future resolves. As a done-callback
+        this waited for the lock after the step already had the block, and until then the read,
+        though over, counted against prefetch's bound: whether a later step's block was asked
+        for turned on thread timing."""
+        tokens = None
+        try:
+            tokens = self._fetch_block(block)
+            return tokens
+        finally:
+            with self._lock:
                 del self._pending[block]
-            if future.cancelled() or future.exception() is not None:
-                return  # a step that needs the block fetches it again (and sees the error)
-            tokens = future.result()
-            if block not in self._cache:
-                self._cache[block] = tokens
-                self._cached_bytes += tokens.nbytes
-            while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cached_bytes -= old.nbytes
+                if tokens is not None:
+                    self._keep(block, tokens)
+
+    def _keep(self, block: int, tokens: np.ndarray) -> None:
+        self._cache[block] = tokens
+        self._cached_bytes += tokens.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes
 
     def close(self) -> None:
         if self._pool is not None:
