@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 .PHONY: demo
-demo: venv  ## the main job: a local elastic training run on the embedded default TrainingJob
+demo: venv  ## the main job: a local elastic training run on the embedded default TrainingJob, a worker lost and replaced in process
 	$(BIN)/elastrain run --local --simulate-preemption --fresh
+
+.PHONY: demo-restart
+demo-restart: venv  ## the same run in Restart mode: every worker restarted, the checkpoint reloaded
+	$(BIN)/elastrain run --local --simulate-preemption --fresh --recovery Restart
 
 .PHONY: crds
 crds: venv  ## regenerate crds/ from the pydantic models

@@ -1,6 +1,7 @@
 """`elastrain`: the command line of elastrain.
 
     elastrain run [JOB.yaml] --local [--workers N] [--simulate-preemption] [--fresh]
+                                     [--recovery Restart|InProcess]
     elastrain validate JOB.yaml          # the same checks the CRD applies, offline
     elastrain estimate [JOB.yaml] [--world-size N] [--device-memory 80GiB]
     elastrain describe NAME [-n NAMESPACE]
@@ -17,8 +18,12 @@ import argparse
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import get_args
 
 from elastrain_cli import commands
+from elastrain_operator.model.status import RecoveryMode
+
+RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 
 
 def _job_source(path: str | None) -> tuple[str, str]:
@@ -30,6 +35,14 @@ def _job_source(path: str | None) -> tuple[str, str]:
         return Path(path).read_text(), path
     except OSError as err:
         raise commands.UserError(f"cannot read {path}: {err.strerror}") from err
+
+
+def _recovery_mode(text: str) -> str:
+    """spec.recovery.mode's spelling, whatever the case typed."""
+    modes = {mode.lower(): mode for mode in RECOVERY_MODES}
+    if text.lower() not in modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(RECOVERY_MODES)}")
+    return modes[text.lower()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true",
                      help="start over from step 0: delete this job's earlier local outputs and "
                           "file:// checkpoints; remote ones are kept and not resumed")
+    run.add_argument("--recovery", type=_recovery_mode, metavar="|".join(RECOVERY_MODES),
+                     help="spec.recovery.mode for this run (default: the job's, else what the "
+                          "operator picks for it: InProcess where the job can run it)")
 
     validate = sub.add_parser("validate", help="check a TrainingJob YAML offline")
     validate.add_argument("job")
@@ -95,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return commands.run_local(text, origin, workers=args.workers,
                                       simulate_preemption=args.simulate_preemption,
                                       out=args.out, checkpoint_uri=args.checkpoint_uri,
-                                      fresh=args.fresh)
+                                      fresh=args.fresh, recovery=args.recovery)
         if args.command == "validate":
             text, origin = _job_source(args.job)
             return commands.validate(text, origin)

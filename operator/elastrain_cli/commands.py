@@ -11,15 +11,18 @@ import yaml
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from elastrain_operator.model import TrainingJob
+    from elastrain_operator.model import TrainingJob, TrainingJobSpec
+    from elastrain_trainer.summary import RunSummary
 
 
 class UserError(Exception):
     """A mistake in the user's input: printed without a traceback, exit code 2."""
 
 
-def parse_job(text: str, origin: str) -> TrainingJob:
-    """Parse and validate a TrainingJob manifest with the same rules the CRD enforces."""
+def parse_job(text: str, origin: str, *, recovery: str | None = None) -> TrainingJob:
+    """Parse and validate a TrainingJob manifest with the same rules the CRD enforces;
+    `recovery` stands for spec.recovery.mode (so a job that cannot run InProcess is refused as
+    the CRD would refuse it)."""
     from elastrain_operator.model import KIND, TrainingJob
 
     try:
@@ -32,6 +35,9 @@ def parse_job(text: str, origin: str) -> TrainingJob:
         raise UserError(f"{origin}: expected exactly one manifest of kind {KIND}, "
                         f"found {len(jobs)}")
     manifest = jobs[0]
+    if recovery is not None and isinstance(manifest.get("spec"), dict):
+        spec = manifest["spec"]
+        spec["recovery"] = {**(spec.get("recovery") or {}), "mode": recovery}
     try:
         return TrainingJob.model_validate(manifest)
     except ValidationError as err:
@@ -79,39 +85,33 @@ def _absolute_file_uri(uri: str) -> str:
 
 
 def run_local(text: str, origin: str, *, workers: int | None, simulate_preemption: bool,
-              out: str | None, checkpoint_uri: str | None, fresh: bool) -> int:
-    """Run the job's trainer with torchrun agents on this machine (elastic, c10d, gloo)."""
-    from elastrain_operator.render.env import render_command, render_trainer_env
+              out: str | None, checkpoint_uri: str | None, fresh: bool,
+              recovery: str | None = None) -> int:
+    """Run the job's trainer with torchrun agents on this machine (gloo), in the recovery mode
+    the operator would run it in (spec.recovery_mode; `recovery` overrides spec.recovery.mode)."""
+    from elastrain_operator.render.env import render_command
     from elastrain_trainer.launch.local import run_local as start_local
     from elastrain_trainer.launch.local import worker_entry
     from elastrain_trainer.launch.supervise import RestartBudget
 
-    job = parse_job(text, origin)
+    job = parse_job(text, origin, recovery=recovery)
     spec = job.spec
     try:
         # What the pods run (spec.command/args, or the built-in trainer), behind local agents.
         entry = worker_entry(render_command(spec), spec.args)
     except ValueError as err:
         raise UserError(f"{origin}: spec.command: {err}") from err
-    out_dir = Path(out or f"runs/{job.metadata.name}").absolute()
-    env = render_trainer_env(spec, job.metadata.name)
-    # spec.env as the pods get it (valueFrom needs a cluster: secrets and fields stay unset).
-    env.update({e.name: e.value for e in spec.env if e.value is not None})
-    env["ELASTRAIN_METRICS_PORT"] = "0"  # several agents share this host: no fixed port
-    uri = checkpoint_uri or (spec.checkpoint.uri if spec.checkpoint else None)
-    env["ELASTRAIN_CHECKPOINT_URI"] = _absolute_file_uri(uri or f"file://{out_dir}/checkpoints")
-    if fresh:
-        _clear_previous_run(out_dir, env["ELASTRAIN_CHECKPOINT_URI"])
-        # Remote checkpoints stay: this run starts from step 0 and resumes only its own.
-        env["ELASTRAIN_CHECKPOINT_RESUME"] = "never"
-        env["ELASTRAIN_RUN_ID"] = f"local-{uuid.uuid4().hex[:12]}"
     count = workers or spec.replicas
     if not spec.min_replicas <= count <= spec.effective_max_replicas:
         raise UserError(f"--workers {count} is outside [spec.minReplicas, spec.maxReplicas]")
+    # --workers is this run's spec.replicas (an InProcess world first waits for that many).
+    spec = spec.model_copy(update={"replicas": count})
+    out_dir = Path(out or f"runs/{job.metadata.name}").absolute()
+    env = local_env(job, spec, out_dir, checkpoint_uri=checkpoint_uri, fresh=fresh)
     what = (f"{spec.strategy}, {spec.trainer.model}" if spec.command is None
             else " ".join(entry))
     print(f"elastrain: {origin}: {count} local workers (elastic {spec.min_replicas}.."
-          f"{spec.effective_max_replicas}), {what}, "
+          f"{spec.effective_max_replicas}, recovery {spec.recovery_mode}), {what}, "
           f"{spec.trainer.steps} steps; checkpoints -> {env['ELASTRAIN_CHECKPOINT_URI']}",
           flush=True)
     policy = spec.restart_policy
@@ -121,11 +121,7 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
     result = start_local(env, count, spec.min_replicas, spec.effective_max_replicas, out_dir,
                          simulate_preemption=simulate_preemption, budget=budget, entry=entry,
                          cwd=_job_dir(origin) if spec.command is not None else None)
-    summary = result.summary
-    print(f"elastrain: finished={summary.finished} step={summary.final_step}/"
-          f"{spec.trainer.steps} loss={summary.final_loss} resumes={summary.resumes} "
-          f"steps_lost={summary.steps_lost} world_sizes={summary.world_sizes} "
-          f"checkpoints={summary.checkpoints_saved} wall={summary.wall_s}s")
+    print(f"elastrain: {result_line(result.summary, spec)}")
     print(f"elastrain: summary {result.out_dir / 'summary.json'}"
           + (f", loss curve {result.plot_path}" if result.plot_path else ""))
     if result.outcome is not None and result.outcome.failed:
@@ -133,6 +129,54 @@ def run_local(text: str, origin: str, *, workers: int | None, simulate_preemptio
         why = result.outcome.failed_reason or "MaxRestartsExceeded"
         print(f"elastrain: Failed ({why}): {result.outcome.failed}", flush=True)
     return 0 if result.ok else 1
+
+
+def local_env(job: TrainingJob, spec: TrainingJobSpec, out_dir: Path, *,
+              checkpoint_uri: str | None, fresh: bool) -> dict[str, str]:
+    """What the operator renders for a worker pod of `spec`, as far as this machine runs it: the
+    trainer's ELASTRAIN_*, and in InProcess mode the pods' standalone launcher (PET_*) and
+    membership settings (the agents' store and node ids are local.py's)."""
+    from elastrain_operator.render.env import (
+        render_inprocess_env,
+        render_standalone_torchrun_env,
+        render_trainer_env,
+    )
+
+    name = job.metadata.name
+    env = render_trainer_env(spec, name)
+    env["ELASTRAIN_METRICS_PORT"] = "0"  # several agents share this host: no fixed port
+    uri = checkpoint_uri or (spec.checkpoint.uri if spec.checkpoint else None)
+    env["ELASTRAIN_CHECKPOINT_URI"] = _absolute_file_uri(uri or f"file://{out_dir}/checkpoints")
+    if fresh:
+        _clear_previous_run(out_dir, env["ELASTRAIN_CHECKPOINT_URI"])
+        # Remote checkpoints stay: this run starts from step 0 and resumes only its own.
+        env["ELASTRAIN_CHECKPOINT_RESUME"] = "never"
+        env["ELASTRAIN_RUN_ID"] = f"local-{uuid.uuid4().hex[:12]}"
+    if spec.in_process:
+        # A pod's run id is its job's uid; a local run's is its own (--fresh), else the job's
+        # name, as restart mode's torchrun run id.
+        where = {"namespace": job.metadata.namespace, "job_name": name,
+                 "job_uid": env.get("ELASTRAIN_RUN_ID", name)}
+        env = {**render_standalone_torchrun_env(spec), **render_inprocess_env(spec, **where),
+               **env}
+    # spec.env as the pods get it, last (valueFrom needs a cluster: secrets and fields stay
+    # unset).
+    env.update({e.name: e.value for e in spec.env if e.value is not None})
+    return env
+
+
+def result_line(summary: RunSummary, spec: TrainingJobSpec) -> str:
+    """The run's last word: how far it got and what its recoveries cost."""
+    if spec.in_process:
+        recovered = (f"regroups={summary.regroups} ({', '.join(summary.regroup_reasons)}) "
+                     f"survivor_pause_s={summary.regroup_pauses_s} "
+                     f"healed=[{', '.join(summary.heals)}]")
+    else:
+        recovered = f"resumes={summary.resumes}"
+    return (f"finished={summary.finished} step={summary.final_step}/{spec.trainer.steps} "
+            f"loss={summary.final_loss} recovery={spec.recovery_mode} {recovered} "
+            f"steps_lost={summary.steps_lost} world_sizes={summary.world_sizes} "
+            f"checkpoints={summary.checkpoints_saved} wall={summary.wall_s}s")
 
 
 def _job_dir(origin: str) -> Path:

@@ -1,9 +1,11 @@
-"""Summaries of a run from its JSON log records: steps lost, restarts, train and validation loss
-curves and their plot."""
+"""Summaries of a run from its JSON log records: steps lost, restarts (resumes from a
+checkpoint) and in-process regroups, train and validation loss curves and their plot."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,17 @@ class RunSummary:
     # The validation split's loss at the newest step evaluated (None: no validation).
     final_validation_loss: float | None = None
     validation_step: int | None = None
+    # In-process recovery: the generations entered after a change (a leave, a failure, a join),
+    # in order; the steps each lost (also in steps_lost); the survivors' pause at each (the step
+    # across it less the run's median step); and each heal, "<node> from <peer>".
+    regroup_reasons: list[str] = field(default_factory=list)
+    lost_per_regroup: list[int] = field(default_factory=list)
+    regroup_pauses_s: list[float] = field(default_factory=list)
+    heals: list[str] = field(default_factory=list)
+
+    @property
+    def regroups(self) -> int:
+        return len(self.regroup_reasons)
 
 
 def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
@@ -55,15 +68,50 @@ def summarize(records: list[Record], wall_s: float = 0.0) -> RunSummary:
              if r["event"] == "step" and r.get("peak_memory") is not None]
     validation = validation_curve(records)
     last_val = max(validation, default=None)
+    regroups = regroup_records(ordered)
+    costs = [_regroup_cost(ordered, r) for r in regroups]
+    regroup_lost = [lost for lost, _ in costs]
     return RunSummary(
         finished=any(r["event"] == "finished" for r in ordered), final_step=max_step,
         final_loss=final_loss, resumes=sum(r["event"] == "resumed" for r in ordered),
-        steps_lost=sum(lost), lost_per_resume=lost,
+        steps_lost=sum(lost) + sum(regroup_lost), lost_per_resume=lost,
         world_sizes=worlds, checkpoints_saved=len(saved),
         checkpoints_failed=sum(r["event"] == "checkpoint_failed" for r in ordered),
         wall_s=round(wall_s, 2), peak_memory_bytes=max(peaks, default=None),
         final_validation_loss=None if last_val is None else validation[last_val],
-        validation_step=last_val)
+        validation_step=last_val,
+        regroup_reasons=[str(r["reason"]) for r in regroups], lost_per_regroup=regroup_lost,
+        regroup_pauses_s=[pause for _, pause in costs if pause is not None],
+        heals=[f"{r['node']} from {r['healed_from']}" for r in ordered
+               if r["event"] == "regroup" and r.get("healed_from")])
+
+
+def regroup_records(records: list[Record]) -> list[Record]:
+    """The first record of each generation entered after a change, in time order (the
+    coordinator and each healed node announce the same generation)."""
+    ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
+    firsts: dict[int, Record] = {}
+    for r in ordered:
+        if r["event"] == "regroup" and r.get("reason") != "start":
+            firsts.setdefault(int(r["gen"]), r)
+    return list(firsts.values())
+
+
+def _regroup_cost(ordered: list[Record], regroup: Record) -> tuple[int, float | None]:
+    """(steps lost, survivors' pause) of a regroup. The survivors go on from the step they were
+    at, so a leave or a join loses what was trained past it (none, unless a step were trained
+    twice); the pause is how much longer than the run's median step the step across it took."""
+    at = float(regroup["time"])
+    steps = [r for r in ordered if r["event"] == "step"]
+    before = [r for r in steps if float(r["time"]) <= at]
+    after = [r for r in steps if float(r["time"]) > at]
+    lost = max(0, max((int(r["step"]) for r in before), default=0) - int(regroup["step"]))
+    if not before or not after:
+        return lost, None
+    usual = statistics.median(float(b["time"]) - float(a["time"])
+                              for a, b in itertools.pairwise(steps))
+    pause = float(after[0]["time"]) - float(before[-1]["time"]) - usual
+    return lost, round(max(0.0, pause), 3)
 
 
 def loss_curve(records: list[Record]) -> dict[int, float]:
@@ -99,11 +147,12 @@ def plot_loss(records: list[Record], path: Path) -> Path | None:
         ax.plot(at, [validation[s] for s in at], "o-", lw=1.2, ms=3, color="tab:orange",
                 label="validation loss")
         ax.legend(loc="upper right")
-    for r in records:
-        if r["event"] == "resumed":
-            ax.axvline(int(r["step"]), color="tab:red", ls="--", lw=0.8)
-            ax.annotate(f"resume -> world {r['world_size']}", (int(r["step"]), curve[steps[0]]),
-                        rotation=90, fontsize=7, color="tab:red", va="top")
+    marks = [(r, "resume", "tab:red") for r in records if r["event"] == "resumed"]
+    marks += [(r, str(r["reason"]), "tab:green") for r in regroup_records(records)]
+    for r, what, color in marks:
+        ax.axvline(int(r["step"]), color=color, ls="--", lw=0.8)
+        ax.annotate(f"{what} -> world {r['world_size']}", (int(r["step"]), curve[steps[0]]),
+                    rotation=90, fontsize=7, color=color, va="top")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("elastrain local run")
@@ -116,13 +165,16 @@ def plot_loss(records: list[Record], path: Path) -> Path | None:
 
 
 def write_summary(summary: RunSummary, exit_codes: dict[str, int | None], out_dir: Path) -> None:
-    doc = {**asdict(summary), "exit_codes": exit_codes}
+    doc = {**asdict(summary), "regroups": summary.regroups, "exit_codes": exit_codes}
     (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
     lines = [f"finished: {summary.finished}  final step: {summary.final_step}  "
              f"final loss: {summary.final_loss}",
              f"resumes: {summary.resumes}  steps lost: {summary.steps_lost} "
              f"{summary.lost_per_resume}",
              f"world sizes: {' -> '.join(map(str, summary.world_sizes))}",
+             f"regroups: {summary.regroups} {summary.regroup_reasons}  steps lost: "
+             f"{summary.lost_per_regroup}  pauses: {summary.regroup_pauses_s} s  heals: "
+             f"{summary.heals}",
              f"checkpoints saved: {summary.checkpoints_saved}  failed: "
              f"{summary.checkpoints_failed}  wall: {summary.wall_s} s",
              f"peak memory (rank 0): {_gib(summary.peak_memory_bytes)}",

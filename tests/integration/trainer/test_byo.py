@@ -44,8 +44,11 @@ def example_job(tmp: Path) -> Path:
 
 
 def run_job(job: Path, out: Path, *, preempt: bool) -> dict[str, Any]:
+    # Restart mode, whose resume from the notice's save is compared bit for bit below (the job
+    # would run InProcess: tests/integration/cli/test_local_demo.py runs that path).
     code = commands.run_local(job.read_text(), str(job), workers=None, simulate_preemption=preempt,
-                              out=str(out), checkpoint_uri=f"file://{out}/ckpt", fresh=True)
+                              out=str(out), checkpoint_uri=f"file://{out}/ckpt", fresh=True,
+                              recovery="Restart")
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     assert code == 0, summary
     return summary

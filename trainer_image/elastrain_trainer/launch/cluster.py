@@ -2,9 +2,15 @@
 
 `LocalCluster` is the machinery under `elastrain run --local` (local.py, supervise.py) and
 under tests that inject preemptions themselves. Each agent runs elastrain's launcher
-(`python -m elastrain_trainer.launch`, as worker pods do) with one worker (nproc 1) and the
-elastic settings of notes/rendezvous.md: an external store, is_host=false, 1 s x 3
-keep-alives, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+(`python -m elastrain_trainer.launch`, as worker pods do) with one worker (nproc 1), in the
+recovery mode its env says (ELASTRAIN_RECOVERY, as the operator renders it):
+
+- restart (no ELASTRAIN_RECOVERY): the elastic settings of notes/rendezvous.md: the store as
+  c10d's external store, is_host=false, 1 s x 3 keep-alives, and
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1;
+- inProcess: what such a worker pod runs, torchrun standalone (the env's PET_*), the trainers'
+  membership on the store (ELASTRAIN_STORE); each agent is a new member, its name the node id
+  (a pod's name).
 """
 
 from __future__ import annotations
@@ -84,19 +90,28 @@ class LocalCluster:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _wait_for_port(self._port, timeout=60)
 
+    @property
+    def in_process(self) -> bool:
+        return self.env.get("ELASTRAIN_RECOVERY") == "inProcess"
+
     def add_agent(self) -> Agent:
         name = f"agent-{len(self.agents)}"
-        env = {**os.environ, **self.env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-               "OMP_NUM_THREADS": self.env.get("OMP_NUM_THREADS", "1"),
+        env = {**os.environ, **self.env, "OMP_NUM_THREADS": self.env.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1"}
         port = int(self.env.get("ELASTRAIN_METRICS_PORT", "0"))
         env["ELASTRAIN_METRICS_PORT"] = str(port + len(self.agents) if port else 0)
         # The launcher the operator gives worker pods: torchrun, restarts waiting like stops.
-        cmd = [sys.executable, "-m", "elastrain_trainer.launch",
-               f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
-               f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",
-               "--max-restarts=100", "--monitor-interval=0.5", *self.entry]
+        cmd = [sys.executable, "-m", "elastrain_trainer.launch"]
+        if self.in_process:
+            # This machine's store stands in for the job's store pod.
+            env.update(ELASTRAIN_STORE=f"127.0.0.1:{self._port}", ELASTRAIN_NODE_ID=name)
+        else:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            cmd += [f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
+                    f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",
+                    "--max-restarts=100", "--monitor-interval=0.5"]
+        cmd += self.entry
         log_path = self.out_dir / f"{name}.log"
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, cwd=self.cwd,
                                 stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,8 +1,10 @@
 """Local mode: `elastrain run --local` runs a job's workers as torchrun agents on this machine.
 
-`run_local` is what the CLI calls: a LocalCluster (cluster.py) of agents, supervised with the
-job's restartPolicy (supervise.py), then a summary and a loss plot. `worker_entry` turns a
-pod's command + args into what each local agent runs after the launcher's options.
+`run_local` is what the CLI calls: a LocalCluster (cluster.py) of agents in the recovery mode
+the env renders (restart, or inProcess: survivors keep their processes and regroup, a
+replacement joins healed from a live peer), supervised with the job's restartPolicy
+(supervise.py), then a summary and a loss plot (resumes and regroups marked). `worker_entry`
+turns a pod's command + args into what each local agent runs after the launcher's options.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ process's (exit code and the last lines of its log) and applies the same rules:
 - an agent that lost the rendezvous store (the store process died: every agent exits with
   RendezvousConnectionError) is not the job's fault: the store is started again on the same
   port and the agent is replaced at once, uncounted;
-- an agent that exits 0 finished training: nothing is replaced after that;
-- an agent the caller preempted (LocalCluster.preempt) is the caller's to replace.
+- an agent the caller preempted (LocalCluster.preempt) is the caller's to replace, whatever
+  its exit code;
+- any other agent that exits 0 finished training: nothing is replaced after that.
 """
 
 from __future__ import annotations
@@ -119,10 +120,12 @@ class Supervisor:
 
     def _ended(self, agent: Agent) -> None:
         code = agent.proc.returncode
+        # Before the exit code: a preempted node that leaves in process exits 0 without having
+        # finished the training.
+        if agent in self.cluster.preempted:
+            return
         if code == 0:
             self._finished = True
-            return
-        if agent in self.cluster.preempted:
             return
         tail = last_lines(agent.log_path)
         if STORE_LOST in tail or not self.cluster.store_alive():
