@@ -38,18 +38,15 @@ loop and the process ends as in restart mode).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, NoReturn, Protocol
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader
@@ -62,94 +59,40 @@ from elastrain_trainer.checkpoint.read_faults import CheckpointUnavailableError
 from elastrain_trainer.config import TrainerConfig, accumulation_steps
 from elastrain_trainer.data import micro_batch_indices
 from elastrain_trainer.events import emit
-from elastrain_trainer.faults import guard_main
-from elastrain_trainer.inprocess.config import read_inprocess_config
-from elastrain_trainer.inprocess.session import InProcessRuntime, PeerLostInSettle, find_model
 from elastrain_trainer.loaders import ElasticSampler, StaleBatchError, tracker
 from elastrain_trainer.loaders import install as _track_loaders
-from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
-from elastrain_trainer.parallel import init_distributed as _init_all
-from elastrain_trainer.session_state import (
+from elastrain_trainer.parallel import DistEnv
+from elastrain_trainer.session.process import (
+    World,
+    all_reduce,
+    destroy_process_groups,
+    init_distributed,
+    process,
+    run,
+)
+from elastrain_trainer.session.state import (  # noqa: F401 - api's names for them
     PROGRESS_KEY,
     ModelState,
     OptimizerState,
     Progress,
     Stateful,
+    StepCounter,
     build_sidecar,
     build_state,
     should_checkpoint,
 )
-from elastrain_trainer.signals import EXIT_RESTART, StopAgreement
+from elastrain_trainer.session.world import DATA_KEY, WorldChanges
+from elastrain_trainer.signals import StopAgreement
 
 __all__ = ["DistEnv", "ElasticSampler", "FinalCheckpointError", "Session", "StaleBatchError",
            "World", "all_reduce", "init_distributed", "run"]
-
-_groups: Groups | None = None
-# The loaders' positions: in the checkpoint's sidecar and among the state sent to joiners.
-DATA_KEY = "elastrain_data"
-# ELASTRAIN_RECOVERY=inProcess (docs/recovery.md): this node's side of the protocol.
-_inprocess: InProcessRuntime | None = None
 
 
 class FinalCheckpointError(RuntimeError):
     """Training ended but its final checkpoint did not commit."""
 
 
-def init_distributed() -> DistEnv:
-    """Join torchrun's process group (gloo on CPU, NCCL for CUDA tensors) unless the script
-    already did; returns where this process sits (rank, world_size, local_rank, device).
-    Outside torchrun it is a world of one."""
-    global _groups, _inprocess
-    _track_loaders()  # the DataLoaders the script builds from now on follow the world
-    denv = read_dist_env(os.environ)
-    inprocess = read_inprocess_config(os.environ)
-    if inprocess is not None:
-        # Alone until the Session joins the job (Session.__enter__): build DDP on this.
-        if _inprocess is None:
-            cfg = TrainerConfig.from_env(os.environ, [])
-            _inprocess = InProcessRuntime(inprocess, global_batch=cfg.global_batch_size,
-                                          micro_batch=cfg.micro_batch_size)
-        return _inprocess.env(denv)
-    if not dist.is_initialized():
-        _groups = _init_all(denv)
-    elif _groups is None:
-        # The script made its own default group: the session's small collectives get gloo
-        # groups of their own (async DCP saves need gloo, and a thread of their own).
-        control = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
-        checkpoint = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
-        assert isinstance(control, dist.ProcessGroup)
-        assert isinstance(checkpoint, dist.ProcessGroup)
-        _groups = Groups(control, checkpoint)
-    return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
-
-
-def all_reduce(tensor: torch.Tensor,
-               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
-    """`dist.all_reduce` on the default group, for a collective of the script's own inside a
-    step's body (a loss averaged over ranks). In in-process mode a peer lost here is noted, not
-    raised: the tensor is left as it is and the Session redoes the step at the next yield (a
-    plain `dist.all_reduce` would raise out of the script's loop and end the process as in
-    restart mode). In restart mode it is `dist.all_reduce`."""
-    if _inprocess is None:
-        dist.all_reduce(tensor, op=op)
-    else:
-        _inprocess.peer_loss.all_reduce(tensor, op)
-
-
-class StepCounter(Protocol):
-    step: int
-
-
-@dataclasses.dataclass(frozen=True)
-class World:
-    """Where this process sits in one generation (Session(on_world_change=...) gets the old
-    and the new one; the old one's world_size is 0 before the first)."""
-
-    rank: int
-    world_size: int
-
-
-class Session:
+class Session(WorldChanges):
     """Resume, periodic and SIGTERM checkpoints, and progress for one training run.
 
     Every rank creates it with the same objects and iterates `steps()` in lockstep (the
@@ -283,15 +226,15 @@ class Session:
         # Before the join: a spare waits in it, and answers the operator's poll meanwhile.
         self._server = self._serve_metrics()
         self._plan_batch()
-        joined_live = _inprocess is not None and self._join()
-        assert _groups is not None
-        self._groups = _groups
+        joined_live = process.inprocess is not None and self._join()
+        assert process.groups is not None
+        self._groups = process.groups
         metrics.record_start(cfg.steps, self.denv.world_size, self.denv.restart_count)
         if not joined_live:  # a collective: a live job's members checked it long ago
             ensure_checkpoint_location(cfg, self.denv.local_rank, self._groups.control,
                                        serving=self._server is not None)
         # In-process mode: a SIGTERM is a leave, handled by the member (not a stop).
-        self._stop = StopAgreement() if _inprocess is not None else StopAgreement().install()
+        self._stop = StopAgreement() if process.inprocess is not None else StopAgreement().install()
         self.manager = CheckpointManager(
             open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint), keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
@@ -299,7 +242,7 @@ class Session:
             wait_seconds=cfg.checkpoint_wait_seconds)
         if joined_live:
             self._settle()  # the state, the step and the rest from a live peer
-        elif _inprocess is not None and _inprocess.sharded:
+        elif process.inprocess is not None and process.inprocess.sharded:
             # FSDP2: sharded at this world first (rank 0's model), then the checkpoint loaded
             # into the shards, as restart mode loads it.
             self._settle(announce=False)
@@ -307,9 +250,9 @@ class Session:
             self._announce()
         else:
             self._resumed = self._resume()
-            if _inprocess is not None:
+            if process.inprocess is not None:
                 self._settle()  # the first generation: DDP at its world (rank 0's broadcast)
-        if _inprocess is None:
+        if process.inprocess is None:
             self._enter_world()
         self._started, self._train_s = time.monotonic(), 0.0
         self._entered = True
@@ -341,10 +284,10 @@ class Session:
                      failed_saves=self.manager.failed_saves)
             if self.denv.local_rank == 0:
                 metrics.write_final_progress()
-            if _inprocess is not None:
-                _inprocess.member.finish(self.step)
+            if process.inprocess is not None:
+                process.inprocess.member.finish(self.step)
         self._close_server()
-        _destroy_process_groups()
+        destroy_process_groups()
         if self.stopped:
             raise SystemExit(self.exit_code)
 
@@ -361,9 +304,9 @@ class Session:
         while self.step < self.total_steps and not self.stopped:
             self._loss, self._tokens, self._fields = None, 0, {}
             t0 = time.monotonic()
-            before = self._body_state() if _inprocess is not None else None
+            before = self._body_state() if process.inprocess is not None else None
             yield self.step
-            lost = _inprocess.peer_loss if _inprocess is not None else None
+            lost = process.inprocess.peer_loss if process.inprocess is not None else None
             if lost is not None and lost.error is not None and not lost.committed:
                 # A peer was lost during the body (DDP's all-reduce noted it, the optimizer
                 # applied nothing): undo what the body advanced, recover, redo this step.
@@ -397,10 +340,10 @@ class Session:
         cfg = self.config
         time_due = cfg.checkpoint_interval_seconds > 0 and (
             since_save >= cfg.checkpoint_interval_seconds)
-        if _inprocess is not None:
+        if process.inprocess is not None:
             lost: str | None = None
             try:
-                change, time_due, busy = _inprocess.boundary(self.step, time_due,
+                change, time_due, busy = process.inprocess.boundary(self.step, time_due,
                                                              self.manager.in_flight())
             except RuntimeError as e:  # a peer lost without notice: its sockets closed
                 lost = f"{type(e).__name__}: {e}"
@@ -431,191 +374,6 @@ class Session:
             return False
         self.manager.save(self._request())
         return True
-
-    # -- in-process recovery (ELASTRAIN_RECOVERY=inProcess) --------------------------------
-    def _join(self) -> bool:
-        """Enter the job's current generation; True when it is a live job (not a start)."""
-        global _groups
-        assert _inprocess is not None
-        self._ddp, self._optimizer = find_model(self._objects)
-        _inprocess.use(self._ddp, self._optimizer, self._build)
-        plan = _inprocess.join()
-        _groups = _inprocess.member.groups
-        return plan.reason != "start"
-
-    def _settle(self, *, announce: bool = True) -> None:
-        assert _inprocess is not None
-        extras = self._extras()
-        lost: str | None = None
-        try:
-            self.progress.step = _inprocess.settle(self._ddp, self._optimizer, self.step,
-                                                   extras)
-        except PeerLostInSettle as e:  # a peer lost during the heal or the re-wrap
-            lost = str(e)
-        if lost is not None:  # outside the `except`: its traceback holds the group
-            self._recover(lost, in_body=False)  # the next generation, settled there
-            return
-        if announce:
-            self._announce()
-
-    def _announce(self) -> None:
-        """The generation entered, in the manager, /progress and the log."""
-        assert _inprocess is not None
-        plan, last = _inprocess.member.plan, _inprocess.member.last
-        if plan is not None and plan.reason != "start":
-            # The next save re-reads the catalog on every member (a collective: rank 0's view),
-            # so a joiner, which never loaded one, takes part in the same collectives.
-            self.manager.catalog = None
-        if last is not None and last.healed_from is not None:
-            self._resumed = self.step
-        assert plan is not None
-        self._enter_world()
-        metrics.record_generation(plan.gen, plan.world_size, self.step,
-                                  regrouped=plan.reason != "start")
-        if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
-            assert plan is not None and last is not None
-            emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
-                 step=self.step, node=_inprocess.member.node_id, healed_from=last.healed_from,
-                 regroup_s=round(last.regroup_s, 4), heal_s=round(last.heal_s, 4),
-                 kept_group=last.kept_group)
-
-    def _regroup(self) -> None:
-        """A leave or a join agreed at this boundary: the next generation, in this process."""
-        global _groups
-        assert _inprocess is not None
-        self.manager.wait()  # a save never spans two generations
-        if _inprocess.change(self.step) is None:
-            if _inprocess.member.dissolving:
-                self._dissolve()
-                return
-            if _inprocess.member.dropped:  # the change's generation failed without this node
-                emit("dropped", node=_inprocess.member.node_id, step=self.step)
-                self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
-                return
-            emit("left", node=_inprocess.member.node_id, step=self.step)
-            self.stopped, self.exit_code, self._left = True, 0, True
-            return
-        groups = _inprocess.member.groups
-        assert groups is not None
-        _groups = self._groups = groups
-        self.manager.pg = self._groups.checkpoint
-        self._settle()
-
-    def _dissolve(self) -> None:
-        """Too few nodes remain for the smallest world (a drain, a SIGTERM to every node): as
-        in restart mode, every node saves this step on the old group, then ends; a signalled
-        node exits 0, the others EXIT_RESTART (the launcher restarts them in place as new nodes,
-        which start the next generation from this checkpoint with the replacements). After a
-        failure (a second loss) one survivor holding the step saves it alone."""
-        global _groups
-        assert _inprocess is not None
-        signalled = _inprocess.member.signalled
-        groups = _inprocess.member.groups
-        assert groups is not None
-        alone = getattr(self, "_groups", None) is not groups
-        if alone:
-            # After a failure the old group is gone and this node saves alone, in a world of
-            # one: its catalog is re-read there (it may never have been this node's to read).
-            _groups = self._groups = groups
-            self.manager.pg, self.manager.catalog = groups.checkpoint, None
-        emit("stopping", rank=self.denv.rank, step=self.step, signalled=signalled,
-             reason="below the smallest world", alone=alone)
-        if not self.manager.holds(self.step):  # a save of this step may have run already
-            self.manager.save(self._request(), blocking=True)
-        _groups = None
-        del self._groups
-        _inprocess.member.dissolve()
-        self.stopped, self._left = True, True
-        self.exit_code = 0 if signalled else EXIT_RESTART
-
-    def _recover(self, error: str, *, in_body: bool) -> None:
-        """A peer lost without notice (docs/recovery.md section 8): leave this generation,
-        report the committed step (this one's, which the body did not commit, is redone) and
-        enter the next at the smaller world, healed from a peer that committed more."""
-        global _groups
-        assert _inprocess is not None
-        emit("peer_lost", node=_inprocess.member.node_id, step=self.step, in_body=in_body,
-             error=error[:500])
-        self.manager.wait()  # a save never spans two generations (it fails with the group)
-        if _inprocess.sharded:
-            # FSDP2 without notice: the lost node's shards are gone (no buddy copy), so restart
-            # in place and resume from the newest checkpoint, as restart mode does.
-            emit("shards_lost", node=_inprocess.member.node_id, step=self.step,
-                 reason="a peer lost without notice holds FSDP2 shards nobody else has")
-            self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
-            return
-        _groups = None  # with DDP's, every reference to the failed groups goes
-        del self._groups
-        if _inprocess.recover(self._ddp, self.step, error) is None:
-            if _inprocess.member.dissolving:  # below the smallest world: save, alone, and end
-                self._dissolve()
-                return
-            # The others went on without this node (judged dead): restart it, as today.
-            emit("dropped", node=_inprocess.member.node_id, step=self.step)
-            self.stopped, self.exit_code, self._left = True, EXIT_RESTART, True
-            return
-        groups = _inprocess.member.groups
-        assert groups is not None
-        _groups = self._groups = groups
-        self.manager.pg = groups.checkpoint
-        self._settle()
-
-    def _extras(self) -> dict[str, Stateful]:
-        """What moves beside the trained model and its optimizer (which heal and DDP move):
-        the Session's other objects (a scheduler, a GradScaler, an EMA module, the built-in
-        trainer's progress) and the loaders' positions."""
-        extras = {k: v for k, v in self.state.items()
-                  if not (isinstance(v, ModelState) and v.model is self._ddp)
-                  and not (isinstance(v, OptimizerState) and v.optimizer is self._optimizer)}
-        return {**extras, DATA_KEY: tracker}
-
-    def _plan_batch(self) -> None:
-        """The global and micro batch of the script's loader, for the plan (which world sizes
-        keep the global batch) and the per-step check; refuses what cannot be re-split."""
-        micro = tracker.micro_batch
-        if _inprocess is not None and tracker.iterable:
-            raise ValueError(
-                f"a DataLoader over an IterableDataset ({', '.join(tracker.iterable)}) cannot "
-                "be re-split when the world changes in process: use a map-style dataset with "
-                "ElasticSampler or DistributedSampler, or spec.recovery.mode: Restart")
-        if micro is None:
-            tracker.global_batch = self._global_batch
-            return
-        replicas = (_inprocess.cfg.replicas if _inprocess is not None
-                    else self.denv.world_size)
-        tracker.global_batch = self._global_batch or micro * replicas
-        if tracker.global_batch % micro:
-            raise ValueError(f"Session(global_batch={tracker.global_batch}) is not a multiple "
-                             f"of the DataLoader's batch_size {micro}")
-        if _inprocess is not None:
-            _inprocess.set_batch(tracker.global_batch, micro)
-
-    def _enter_world(self) -> None:
-        """A generation entered (or the run started): loaders split over it, then the
-        script's callback."""
-        old, self._world = self._world, World(self.denv.rank, self.denv.world_size)
-        tracker.set_world(self._world.rank, self._world.world_size)
-        if self._on_world_change is not None and old != self._world:
-            self._on_world_change(old, self._world)
-
-    def _body_state(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """What a step's body may advance besides model and optimizer state: the Session's
-        other objects (a scheduler, the built-in trainer's progress) and the optimizer's
-        hyper-parameters (a scheduler writes the LR into them); small, copied per step."""
-        assert _inprocess is not None
-        _inprocess.peer_loss.committed = False
-        extras = {k: copy.deepcopy(v.state_dict()) for k, v in self._extras().items()}
-        hyper = [{k: v for k, v in g.items() if k != "params"}
-                 for g in self._optimizer.param_groups]
-        return extras, copy.deepcopy(hyper)
-
-    def _restore_body_state(self, saved: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
-        extras, hyper = saved
-        objects = self._extras()
-        for k, sd in extras.items():
-            objects[k].load_state_dict(sd)
-        for group, values in zip(self._optimizer.param_groups, hyper, strict=True):
-            group.update(values)
 
     def _record(self, duration: float) -> None:
         self._train_s += duration
@@ -708,25 +466,3 @@ class Session:
         if self._server is not None:
             self._server.shutdown()
             self._server = None
-
-
-def _destroy_process_groups() -> None:
-    global _groups
-    _groups = None
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def run(main: Callable[[], object]) -> NoReturn:
-    """Run a worker's main and exit the way the launcher and the operator read exits: a crash
-    exits 1 with its exception recorded (counted against restartPolicy.maxRestarts), a lost peer
-    EXIT_RESTART (restarted in place, uncounted); an int that main returns is the exit code."""
-    code = guard_main(lambda: _exit_code(main()))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A background upload blocked on a dead peer must not keep a failed worker alive.
-    os._exit(code)
-
-
-def _exit_code(result: object) -> int:
-    return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -86,7 +86,9 @@ def test_session_reads_the_step_count_and_refuses_a_bad_one(
 
 
 def test_main_results_become_exit_codes() -> None:
-    assert [api._exit_code(r) for r in (None, 0, 75, 3, True, "x")] == [0, 0, 75, 3, 0, 0]
+    from elastrain_trainer.session.process import exit_code
+
+    assert [exit_code(r) for r in (None, 0, 75, 3, True, "x")] == [0, 0, 75, 3, 0, 0]
 
 
 def test_sidecar_says_where_the_checkpoint_came_from() -> None:

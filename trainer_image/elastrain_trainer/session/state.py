@@ -28,6 +28,10 @@ def should_checkpoint(step: int, interval_steps: int, time_due: bool) -> bool:
     return time_due or (interval_steps > 0 and step % interval_steps == 0)
 
 
+class StepCounter(Protocol):
+    step: int
+
+
 @runtime_checkable
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...

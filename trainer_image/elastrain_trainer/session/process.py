@@ -1,0 +1,103 @@
+"""What a worker process holds for its Sessions: the process groups (init_distributed), the
+script's own collective (all_reduce), and how the process ends (run)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.faults import guard_main
+from elastrain_trainer.inprocess.config import read_inprocess_config
+from elastrain_trainer.inprocess.session import InProcessRuntime
+from elastrain_trainer.loaders import install as _track_loaders
+from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
+from elastrain_trainer.parallel import init_distributed as _init_all
+
+
+@dataclasses.dataclass
+class Process:
+    """What this process holds across Sessions: the Session's gloo groups and, with
+    ELASTRAIN_RECOVERY=inProcess (docs/recovery.md), this node's side of the protocol."""
+
+    groups: Groups | None = None
+    inprocess: InProcessRuntime | None = None
+
+
+process = Process()
+
+
+def init_distributed() -> DistEnv:
+    """Join torchrun's process group (gloo on CPU, NCCL for CUDA tensors) unless the script
+    already did; returns where this process sits (rank, world_size, local_rank, device).
+    Outside torchrun it is a world of one."""
+    _track_loaders()  # the DataLoaders the script builds from now on follow the world
+    denv = read_dist_env(os.environ)
+    inprocess = read_inprocess_config(os.environ)
+    if inprocess is not None:
+        # Alone until the Session joins the job (Session.__enter__): build DDP on this.
+        if process.inprocess is None:
+            cfg = TrainerConfig.from_env(os.environ, [])
+            process.inprocess = InProcessRuntime(inprocess, global_batch=cfg.global_batch_size,
+                                                 micro_batch=cfg.micro_batch_size)
+        return process.inprocess.env(denv)
+    if not dist.is_initialized():
+        process.groups = _init_all(denv)
+    elif process.groups is None:
+        # The script made its own default group: the session's small collectives get gloo
+        # groups of their own (async DCP saves need gloo, and a thread of their own).
+        control = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        checkpoint = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        assert isinstance(control, dist.ProcessGroup)
+        assert isinstance(checkpoint, dist.ProcessGroup)
+        process.groups = Groups(control, checkpoint)
+    return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
+
+
+def all_reduce(tensor: torch.Tensor,
+               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
+    """`dist.all_reduce` on the default group, for a collective of the script's own inside a
+    step's body (a loss averaged over ranks). In in-process mode a peer lost here is noted, not
+    raised: the tensor is left as it is and the Session redoes the step at the next yield (a
+    plain `dist.all_reduce` would raise out of the script's loop and end the process as in
+    restart mode). In restart mode it is `dist.all_reduce`."""
+    if process.inprocess is None:
+        dist.all_reduce(tensor, op=op)
+    else:
+        process.inprocess.peer_loss.all_reduce(tensor, op)
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Where this process sits in one generation (Session(on_world_change=...) gets the old
+    and the new one; the old one's world_size is 0 before the first)."""
+
+    rank: int
+    world_size: int
+
+
+def destroy_process_groups() -> None:
+    process.groups = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run(main: Callable[[], object]) -> NoReturn:
+    """Run a worker's main and exit the way the launcher and the operator read exits: a crash
+    exits 1 with its exception recorded (counted against restartPolicy.maxRestarts), a lost peer
+    EXIT_RESTART (restarted in place, uncounted); an int that main returns is the exit code."""
+    code = guard_main(lambda: exit_code(main()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A background upload blocked on a dead peer must not keep a failed worker alive.
+    os._exit(code)
+
+
+def exit_code(result: object) -> int:
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
