@@ -175,12 +175,14 @@ def patch_notice_to_trainer() -> None:
                 log.close()
 
     def _close(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
-        notified = [h.proc for h in self.subprocess_handlers.values() if h.proc.poll() is None]
+        workers = [h.proc for h in self.subprocess_handlers.values()]
         torch_close_all(self, death_sig, timeout)
-        for proc in notified:
-            # What a worker that stopped in time left in its group: run() ends the trainer with
-            # os._exit, which skips the DataLoader's shutdown of its workers while anything
-            # still holds the loader's iterator. (A group's id is not reused while it has
+        for proc in workers:
+            # What a worker left in its group: run() ends the trainer with os._exit, which
+            # skips the DataLoader's shutdown of its workers while anything still holds the
+            # loader's iterator; and a worker that died on its own (SIGKILL, OOM) leaves its
+            # loader workers holding its gloo sockets open, so its peers would not see it gone
+            # until their watchdog (5 s) ends them. (A group's id is not reused while it has
             # members; an empty group is ProcessLookupError.)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
