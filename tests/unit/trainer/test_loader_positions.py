@@ -334,3 +334,28 @@ def test_a_new_pass_without_a_restore_starts_the_epoch_at_offset_0(
     rank.it = iter(rank.loader)
     rank.draw(5)
     assert [i for _, i in rank.read[8:]] == torch_order(12, 1, 0)
+
+
+class Endless(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(10**9))
+
+
+def test_in_process_a_loader_over_an_iterable_dataset_is_refused_naming_it(
+        installed: tracking.DataTracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It cannot be re-split at a world change: the Session refuses it before joining (and
+    leaves it alone in Restart mode, where each world starts in new processes)."""
+    from elastrain_trainer.session import world
+    from elastrain_trainer.session.process import process
+
+    DataLoader(Endless(), batch_size=4)
+    assert installed.iterable == ["Endless"]
+    monkeypatch.setattr(world, "tracker", installed)
+    session = world.WorldChanges()
+    session._global_batch = None
+    monkeypatch.setattr(process, "inprocess", None)
+    session._plan_batch()  # Restart mode: nothing to refuse
+    monkeypatch.setattr(process, "inprocess", object())
+    with pytest.raises(ValueError, match=r"a DataLoader over an IterableDataset \(Endless\) "
+                                         "cannot be re-split when the world changes in process"):
+        session._plan_batch()
