@@ -105,7 +105,8 @@ def epoch_positions(epoch: int) -> list[int]:
 
 def assert_exact(steps: dict[int, list[dict[str, Any]]]) -> None:
     """Every step once with one record per rank; each step's samples are the next global batch
-    of the epoch's order (so every index once per epoch); the LR is the schedule's."""
+    of the epoch's order (so every index once per epoch); the LR is the schedule's; the
+    script's sub-group and its GradScaler follow the world."""
     assert sorted(steps) == list(range(1, STEPS + 1)), sorted(steps)
     for step, recs in steps.items():
         world = recs[0]["world"]
@@ -119,6 +120,10 @@ def assert_exact(steps: dict[int, list[dict[str, Any]]]) -> None:
             step, world, read)
         want_lr = BASE_LR * lr_factor(step - 1)
         assert {r["lr"] for r in recs} == {want_lr}, (step, want_lr, recs)
+        # The script's sub-group, rebuilt in on_world_change, spans the current world; the
+        # GradScaler's scale is one value across ranks (a joiner's included).
+        assert {r["group"] for r in recs} == {world}, (step, recs)
+        assert len({r["scale"] for r in recs}) == 1, (step, recs)
     for epoch in range(STEPS // STEPS_PER_EPOCH):
         span = range(epoch * STEPS_PER_EPOCH + 1, (epoch + 1) * STEPS_PER_EPOCH + 1)
         counts = collections.Counter(i for s in span for r in steps[s] for i in r["indices"])
@@ -283,6 +288,6 @@ def test_a_users_script_trains_exactly_through_a_leave_joins_and_a_loss_in_proce
     # And the rest of the final checkpoint: AdamW's moments and step, the schedule, the EMA.
     want = load_checkpoint(restart / "ckpt", STEPS, tmp_path)
     got = load_checkpoint(pods.root / "ckpt", STEPS, tmp_path)
-    assert set(got) == {"model", "optimizer", "scheduler", "ema", "elastrain"}, set(got)
+    assert set(got) == {"model", "optimizer", "scheduler", "ema", "scaler", "elastrain"}, set(got)
     for part in sorted(got):
         assert_identical(want[part], got[part], part)

@@ -1,8 +1,9 @@
 """A user's training script, written the way people write them (torch's DDP examples): a map-style
 dataset through a DistributedSampler and a DataLoader built after init_distributed(), gradient
-accumulation with no_sync, an LR schedule and an EMA of the weights, an epoch loop on
-StopIteration. What elastrain adds is the `with Session(...)` block. Run by
-test_user_scripts_exact.py under elastrain's launcher, in both recovery modes.
+accumulation with no_sync, an LR schedule, an EMA of the weights, fp16 autocast with a
+GradScaler, a process sub-group of its own (rebuilt in on_world_change) and a loss averaged
+over the ranks, an epoch loop on StopIteration. What elastrain adds is the `with Session(...)`
+block. Run by test_user_scripts_exact.py under elastrain's launcher, in both recovery modes.
 
 It writes what it trained to $TEST_RECORDS: after each step, one JSON line per rank to
 <node>-<pid>.jsonl (rank, step, world size, accumulation, epoch, sample indices, LR), and at the
@@ -25,12 +26,13 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from elastrain_trainer.api import Session, init_distributed, run
+from elastrain_trainer.api import Session, World, all_reduce, init_distributed, run
 
 SEED = 1234
 SAMPLES, FEATURES = 96, 8
@@ -115,7 +117,16 @@ def main() -> None:
     loader = DataLoader(data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS,
                         persistent_workers=False)
 
-    with Session(model=model, optimizer=optimizer, scheduler=scheduler, ema=ema) as session:
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    groups: dict[str, dist.ProcessGroup] = {}
+
+    def rebuild(old: World, new: World) -> None:  # a sub-group spans one world only
+        group = dist.new_group(ranks=list(range(new.world_size)))
+        assert isinstance(group, dist.ProcessGroup)
+        groups["all"] = group
+
+    with Session(model=model, optimizer=optimizer, scheduler=scheduler, ema=ema, scaler=scaler,
+                 on_world_change=rebuild) as session:
         records = Records()
         note_sigterm()
         it = iter(loader)
@@ -133,15 +144,21 @@ def main() -> None:
                     x, idx = next(it)
                 last = k == session.accum - 1
                 with contextlib.nullcontext() if last else model.no_sync():
-                    loss = nn.functional.mse_loss(model(x), target(x)) / session.accum
-                    loss.backward()  # DDP averages the gradients over the ranks on the last
+                    with torch.autocast("cpu", dtype=torch.float16):
+                        out = model(x)
+                    loss = nn.functional.mse_loss(out.float(), target(x)) / session.accum
+                    scaler.scale(loss).backward()  # DDP averages the gradients on the last
                 read += idx.tolist()
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             ema.update_parameters(model.module)
+            mean = loss.detach().clone()
+            all_reduce(mean)  # elastrain's: a peer lost here is noted and the step redone
             records.write("step", step=step + 1, rank=env.rank, world=env.world_size,
-                          accum=session.accum, epoch=sampler.epoch, indices=read, lr=lr)
-            session.report(loss=loss.item())
+                          accum=session.accum, epoch=sampler.epoch, indices=read, lr=lr,
+                          group=dist.get_world_size(groups["all"]), scale=scaler.get_scale())
+            session.report(loss=mean.item() / env.world_size)
 
     # Reached only when training finished.
     adam = {f"{p}.{k}": v for p, s in optimizer.state_dict()["state"].items() for k, v in s.items()}
