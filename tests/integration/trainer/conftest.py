@@ -104,3 +104,17 @@ def load_checkpoint(root: Path, step: int, out: Path) -> dict[str, Any]:
     dcp_to_torch_save(root / f"step-{step:08d}", path)
     state: dict[str, Any] = torch.load(path, weights_only=False)
     return state
+
+
+def preempt_second_agent_at(cluster: Any, step: int) -> dict[str, int]:
+    """Start 2 agents of a LocalCluster, SIGTERM the second once step `step` was trained (a
+    notice), and return every agent's exit code; the cluster is stopped either way."""
+    try:
+        cluster.start(2)
+        assert cluster.wait_for_step(step, timeout=120)
+        cluster.preempt(cluster.agents[1])
+        codes: dict[str, int] = cluster.wait_agents(timeout=180)
+    finally:
+        cluster.stop()
+    return codes
+

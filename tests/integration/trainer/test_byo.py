@@ -22,7 +22,7 @@ from elastrain_trainer.launch.cluster import LocalCluster
 from elastrain_trainer.launch.local import worker_entry
 from elastrain_trainer.summary import summarize
 
-from .conftest import load_checkpoint
+from .conftest import load_checkpoint, preempt_second_agent_at
 from .test_elastic import assert_identical
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
@@ -82,13 +82,7 @@ def test_example_script_resumes_at_a_smaller_world_size(tmp_path: Path) -> None:
     cluster = LocalCluster(env, 1, 2, tmp_path / "logs", job_id=tmp_path.name,
                            entry=worker_entry(["torchrun", "train.py"]), cwd=tmp_path,
                            on_record=lambda agent, r: None)
-    try:
-        cluster.start(2)
-        assert cluster.wait_for_step(15, timeout=120)
-        cluster.preempt(cluster.agents[1])
-        codes = cluster.wait_agents(timeout=180)
-    finally:
-        cluster.stop()
+    codes = preempt_second_agent_at(cluster, 15)
     summary = summarize([r for _, r in cluster.records])
     assert codes["agent-0"] == 0, codes
     assert summary.finished and summary.final_step == 40, summary

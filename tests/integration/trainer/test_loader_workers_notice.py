@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_han
 from elastrain_trainer.launch import agent as launch_agent
 from elastrain_trainer.launch.cluster import LocalCluster
 
+from .conftest import preempt_second_agent_at
 from .test_inprocess import wait_for
 from .test_inprocess_launcher import Pods, job_store, pods
 
@@ -70,13 +71,7 @@ def test_a_notice_with_loader_workers_saves_the_step_and_the_job_resumes_from_it
            "OMP_NUM_THREADS": "1"}
     cluster = LocalCluster(env, 1, 2, tmp_path / "logs", job_id=tmp_path.name,
                            entry=(str(SCRIPT),), on_record=lambda agent, r: None)
-    try:
-        cluster.start(2)
-        assert cluster.wait_for_step(25, timeout=120)
-        cluster.preempt(cluster.agents[1])
-        codes = cluster.wait_agents(timeout=180)
-    finally:
-        cluster.stop()
+    codes = preempt_second_agent_at(cluster, 25)
     logs = {a.name: a.log_path.read_text(errors="replace") for a in cluster.agents}
     assert not [n for n, text in logs.items() if LOADER_DIED in text], logs["agent-1"][-3000:]
     records = [r for _, r in cluster.records]
