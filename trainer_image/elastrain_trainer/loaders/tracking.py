@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -31,6 +31,20 @@ class StaleBatchError(ValueError):
     error of the script: faults.py ends the job with it, quoted)."""
 
 
+class Mark(NamedTuple):
+    """A sampler's position at a step boundary."""
+
+    epoch: int
+    passes: int
+    in_pass: bool
+    offset: int
+    pass_end: int
+
+    @property
+    def pass_key(self) -> tuple[int, int]:
+        return self.epoch, self.passes
+
+
 class DataTracker:
     def __init__(self) -> None:
         self.samplers: list[ElasticSampler] = []
@@ -41,7 +55,7 @@ class DataTracker:
         self.version = 0  # bumped when the world or the positions change under a pass
         self.global_batch: int | None = None
         self._pending: list[Position] = []
-        self._last: list[tuple[int, int, int, bool, int]] | None = None
+        self._last: list[Mark] | None = None
 
     # -- what the script built ------------------------------------------------------------
     def add_sampler(self, sampler: ElasticSampler) -> None:
@@ -93,16 +107,17 @@ class DataTracker:
     def check_step(self, step: int) -> None:
         """At a step boundary: a pass that was under way at the last boundary and still is
         consumed one global batch since (or nothing: the step read another loader)."""
-        now = [(s.position.epoch, s.position.offset, s.passes, s.position.in_pass, s.pass_end)
-               for s in self.samplers]
+        now = [Mark(s.position.epoch, s.passes, s.position.in_pass, s.position.offset,
+                    s.pass_end) for s in self.samplers]
         last, self._last = self._last, now
         if self.global_batch is None or last is None:
             return
         for sampler, before, after in zip(self.samplers, last, now, strict=False):
-            same_pass = before[:1] + before[2:4] == after[:1] + after[2:4] and after[3]
-            read = after[1] - before[1]
-            if same_pass and before[1] < before[4] and after[1] < after[4] and read not in (
-                    0, self.global_batch):
+            # Only a step inside one pass, short of its end (an epoch's last step may be short).
+            inside = (before.pass_key == after.pass_key and before.in_pass and after.in_pass
+                      and before.offset < before.pass_end and after.offset < after.pass_end)
+            read = after.offset - before.offset
+            if inside and read not in (0, self.global_batch):
                 raise StaleBatchError(self._stale_message(sampler, step, read))
 
     def _stale_message(self, sampler: ElasticSampler, step: int, read: int) -> str:
