@@ -161,7 +161,9 @@ def helm(node: NodeCluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 def operator_values(node: NodeCluster, watch: tuple[str, ...] = ()) -> list[str]:
     repository, _, tag = node.images["operator"].rpartition(":")
-    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+    # --set-string: a content hash may be all digits (seen: 927317842823), which --set reads as
+    # an integer and the chart's schema refuses.
+    return ["--set", f"image.repository={repository}", "--set-string", f"image.tag={tag}",
             "--set", "image.pullPolicy=Never",
             *[arg for ns in watch for arg in ("--set", f"operator.watchNamespaces.{ns}=true")],
             # Faster loops than production's, so recoveries are measured, not waited for.

@@ -12,8 +12,6 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from elastrain_operator.model.spec import (
-    BYTE_VOCAB_MESSAGE,
-    DATASET_MESSAGE,
     DEFAULT_MODE_CHANGE_MESSAGE,
     INPROCESS_COMMAND_MESSAGE,
     INPROCESS_GPU_MESSAGE,
@@ -22,6 +20,10 @@ from elastrain_operator.model.spec import (
     SPARES_BOUND_MESSAGE,
     SPARES_METRICS_MESSAGE,
     SPARES_MODE_MESSAGE,
+)
+from elastrain_operator.model.trainer import (
+    BYTE_VOCAB_MESSAGE,
+    DATASET_MESSAGE,
     VALIDATION_DATASET_MESSAGE,
 )
 from tests.integration.conftest import kubectl
@@ -153,8 +155,12 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [rule("spec.trainer.minLr", "spec.trainer.minLr must be <= spec.trainer.lr")]),
     ("batch-not-multiple", both(set_path("trainer.globalBatchSize", 10),
                                 set_path("trainer.microBatchSize", 4)),
-     [rule("spec.trainer.globalBatchSize",
-           "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize")]),
+     [rule("spec.trainer.globalBatchSize", BATCH_MESSAGE)]),
+    # Unset fields are the built-in trainer's 8 and 2: 9 alone is refused, 12 alone is not.
+    ("batch-global-alone", set_path("trainer.globalBatchSize", 9),
+     [rule("spec.trainer.globalBatchSize", BATCH_MESSAGE)]),
+    ("batch-micro-alone", set_path("trainer.microBatchSize", 3),
+     [rule("spec.trainer.globalBatchSize", BATCH_MESSAGE)]),
     ("offload-with-ddp", set_path("trainer.cpuOffload", True),
      [rule("spec.trainer.cpuOffload", "spec.trainer.cpuOffload requires spec.strategy fsdp")]),
     ("schedule", set_path("trainer.lrSchedule", "linear"),
@@ -335,7 +341,10 @@ def test_minimal_job_gets_defaults(api: client.CustomObjectsApi, kube_namespace:
     assert stored["strategy"] == "ddp" and "nprocPerNode" not in stored
     assert stored["template"] == {"podSecurity": "Restricted"}
     assert stored["trainer"]["model"] == "gpt-tiny"
-    assert stored["trainer"]["globalBatchSize"] == 8
+    # No batch default is stored: a user script's DataLoader decides (the Session checks a set
+    # one against it); the built-in trainer falls back to its own 8 and 2.
+    assert "globalBatchSize" not in stored["trainer"]
+    assert "microBatchSize" not in stored["trainer"]
     assert stored["rendezvous"]["port"] == 29400
     assert stored["rendezvous"]["store"] == {"readyTimeoutSeconds": 600}
     assert stored["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 10,

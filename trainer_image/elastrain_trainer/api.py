@@ -70,6 +70,7 @@ from elastrain_trainer.session.process import (
     process,
     run,
 )
+from elastrain_trainer.session.stale_groups import StaleGroupError
 from elastrain_trainer.session.state import (  # noqa: F401 - api's names for them
     PROGRESS_KEY,
     ModelState,
@@ -85,7 +86,7 @@ from elastrain_trainer.session.world import DATA_KEY, WorldChanges
 from elastrain_trainer.signals import StopAgreement
 
 __all__ = ["DistEnv", "ElasticSampler", "FinalCheckpointError", "Session", "StaleBatchError",
-           "World", "all_reduce", "init_distributed", "run"]
+           "StaleGroupError", "World", "all_reduce", "init_distributed", "run"]
 
 
 class FinalCheckpointError(RuntimeError):

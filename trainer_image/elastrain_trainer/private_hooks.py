@@ -37,6 +37,12 @@ torch (launch/agent.py; checked when `python -m elastrain_trainer.launch` starts
   left cleanly, and then the launcher exits 0. Not enforced: without it the launcher exits 1
   as torchrun does (the pod still counts as evicted by its DisruptionTarget).
 
+torch (session/stale_groups.py; checked by init_distributed)
+- `torch.distributed.distributed_c10d._rank_not_in_group` is wrapped, reading `_world.pg_map`:
+  every c10d collective calls it with its group first, and a group c10d no longer knows (the
+  script's `dist.new_group` of a world that changed in process) raises StaleGroupError naming
+  the fix. Broken: such a sub-group's collectives run on over the old members, silently.
+
 torch (inprocess/fsdp.py; checked when the module is imported, i.e. at worker start)
 - `torch.distributed._composable_state._module_state_mapping` and `_get_module_state`: in-process
   recovery rebuilds an FSDP2 model at a new world and turns the script's model object into the

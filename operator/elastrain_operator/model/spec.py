@@ -8,21 +8,27 @@ names. Limits are bounded so every CEL rule stays inside the apiserver's cost bu
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from elastrain_operator.model.base import ApiModel, cel, immutable, k8s
 from elastrain_operator.model.names import MAX_JOB_NAME_LENGTH
-from elastrain_operator.model.pod_security import (
-    NON_RESTRICTED_VOLUME_TYPES,
-    ContainerSecurityContext,
-    PodSecurityContext,
-    PodSecurityLevel,
-    refusals,
-    template_rules,
+from elastrain_operator.model.pod import (
+    DNS_LABEL,
+    EnvVar,
+    LabelMap,
+    PodTemplateOverride,
+    Resources,
+    Toleration,
 )
 from elastrain_operator.model.status import RecoveryMode, TrainingJobStatus
+from elastrain_operator.model.trainer import (
+    BATCH_MESSAGE,
+    BATCH_RULE,
+    BYTE_VOCAB_MESSAGE,
+    TrainerSpec,
+)
 
 API_GROUP = "elastrain.dev"
 API_VERSION = "v1alpha1"
@@ -48,25 +54,6 @@ CHECKPOINT_URI_MESSAGE = ("spec.checkpoint.uri must be s3://<bucket>[/<prefix>],
                           "gs://<bucket>[/<prefix>] (the image needs gcsfs), "
                           "az://<container>[/<prefix>] or abfs://<container>[/<prefix>] "
                           "(the image needs adlfs), or file://<path>")
-# Token files: s3://<bucket>/<key> or file://<path> (in the worker), each may be a glob (*, ?,
-# [...]), several comma-separated; the trainer lists globs and sorts the shards by URI.
-_TOKEN_FILE = r"( *(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^,]+|file://[^,]+))"
-TOKEN_FILES = rf"^{_TOKEN_FILE}(,{_TOKEN_FILE})*$"
-# A built-in dataset, or token files.
-DATASET = rf"^(synthetic|text|{_TOKEN_FILE}(,{_TOKEN_FILE})*)$"
-DATASET_MESSAGE = ("spec.trainer.dataset must be synthetic, text, or token files: "
-                   "s3://<bucket>/<key> or file://<path>, globs of them (*, ?, [...]), "
-                   "comma-separated")
-VALIDATION_DATASET_MESSAGE = ("spec.trainer.validation.dataset must be token files: "
-                              "s3://<bucket>/<key> or file://<path>, globs of them (*, ?, [...]), "
-                              "comma-separated")
-# Long enough for an explicit list of ~100 shard URIs; globs name thousands.
-DATASET_MAX_LENGTH = 8192
-BYTE_VOCAB_MESSAGE = ("spec.trainer.vocabSize must be at least 256 for the byte-level datasets "
-                      "synthetic and text")
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-            r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
 # Messages of rules the operator re-checks at reconcile time (policy.validation), so the two agree.
 NAME_LENGTH_MESSAGE = (f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: "
@@ -113,163 +100,6 @@ ROOT_RULES = k8s(
 )
 
 ArgStr = Annotated[str, Field(max_length=4096)]
-LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
-AnnotationMap = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
-# An opaque Kubernetes object (affinity, a volume...) passed through to the pod as written;
-# the apiserver validates it when the pod is created, so we do not embed PodSpec's schema.
-Opaque = Annotated[
-    dict[str, Any], Field(json_schema_extra=k8s(x_kubernetes_preserve_unknown_fields=True))]
-Quantity = Annotated[
-    int | str,
-    Field(json_schema_extra=k8s(x_kubernetes_int_or_string=True, pattern=QUANTITY,
-                                maxLength=64)),
-]
-
-
-class EnvVar(ApiModel):
-    """A container environment variable, as in a PodSpec."""
-
-    name: str = Field(min_length=1, max_length=256)
-    value: str | None = Field(default=None, max_length=32768)
-    value_from: Opaque | None = None
-
-
-class Resources(ApiModel):
-    """Per-worker compute resources, e.g. limits {"cpu": "2", "nvidia.com/gpu": 8}."""
-
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
-
-
-class Toleration(ApiModel):
-    """A pod toleration (spot node pools are usually tainted)."""
-
-    key: str | None = Field(default=None, max_length=253)
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(default=None, max_length=63)
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
-
-
-# A pod volume: open (every volume source is kept as written), with the sources the template's
-# Pod Security rules test for declared, since CEL sees only declared fields.
-_SOURCE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-Volume = Annotated[dict[str, Any], Field(json_schema_extra={
-    "properties": {"name": {"type": "string"},
-                   **{k: _SOURCE for k in ("hostPath", *NON_RESTRICTED_VOLUME_TYPES)}},
-    **k8s(x_kubernetes_preserve_unknown_fields=True)})]
-
-
-class PodTemplateOverride(ApiModel):
-    """The narrow part of a PodSpec a user may set on worker pods."""
-
-    model_config = ApiModel.model_config | {"json_schema_extra": k8s(*template_rules())}
-
-    labels: LabelMap = Field(default_factory=dict)
-    annotations: AnnotationMap = Field(default_factory=dict)
-    node_selector: LabelMap = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    affinity: Opaque | None = None
-    priority_class_name: str | None = Field(default=None, max_length=253)
-    scheduler_name: str | None = Field(default=None, max_length=253)
-    service_account_name: str | None = Field(default=None, max_length=253, pattern=DNS_LABEL)
-    volumes: list[Volume] = Field(default_factory=list, max_length=32)
-    volume_mounts: list[Opaque] = Field(default_factory=list, max_length=32)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
-        default_factory=list, max_length=8)
-    pod_security: PodSecurityLevel = Field(
-        default="Restricted",
-        description="The Pod Security level the job's pods must pass. Restricted (the default) "
-                    "refuses any setting below it; Baseline or Privileged allow the settings "
-                    "that level allows, and admission warns with what was loosened.")
-    pod_security_context: PodSecurityContext | None = None
-    security_context: ContainerSecurityContext | None = None
-    shm_size: Quantity | None = Field(
-        default=None,
-        description="Size of the memory-backed /dev/shm of each worker (DataLoader workers and "
-                    "NCCL use it; it counts against the pod's memory). Default: 1Gi per local "
-                    "process (nprocPerNode), 0 turns it off.")
-
-    @model_validator(mode="after")
-    def _pod_security(self) -> PodTemplateOverride:
-        # The CRD's rules (model/pod_security.py), so objects built in Python fail the same way.
-        if problems := refusals(self):
-            raise ValueError("; ".join(problems))
-        return self
-
-
-class ValidationSpec(ApiModel):
-    """A validation split: its mean loss over `batches` global batches, on every rank's share
-    and reduced, after every `intervalSteps` steps and the last one. It reads the same samples
-    each time and changes nothing the training sees."""
-
-    dataset: str = Field(
-        max_length=DATASET_MAX_LENGTH,
-        description="Token files (same forms and datasetFormat as spec.trainer.dataset)",
-        json_schema_extra=k8s(cel(f"self.matches('{TOKEN_FILES}')",
-                                  VALIDATION_DATASET_MESSAGE)))
-    interval_steps: int = Field(default=100, ge=1, le=10_000_000,
-                                description="Evaluate after every this many steps.")
-    batches: int = Field(default=10, ge=1, le=100_000,
-                         description="Global batches (globalBatchSize samples) per evaluation.")
-
-    @model_validator(mode="after")
-    def _dataset_shape(self) -> ValidationSpec:
-        if not re.match(TOKEN_FILES, self.dataset):
-            raise ValueError(VALIDATION_DATASET_MESSAGE)
-        return self
-
-
-class TrainerSpec(ApiModel):
-    """Settings of the built-in trainer; passed to it as ELASTRAIN_* environment variables."""
-
-    model: Literal["gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b"] = Field(
-        default="gpt-tiny", json_schema_extra=k8s(immutable("spec.trainer.model")))
-    dataset: str = Field(
-        default="synthetic", max_length=DATASET_MAX_LENGTH,
-        description="synthetic or text (bytes, built in), or token files read by ranged GETs "
-                    "(s3://, credentials and endpoint as for checkpoints) or memory maps "
-                    "(file://): one URI, a glob (shards sorted by URI) or a comma-separated "
-                    "list of them",
-        json_schema_extra=k8s(cel(f"self.matches('{DATASET}')", DATASET_MESSAGE)))
-    dataset_format: Literal["nanogpt", "llmc"] = Field(
-        default="nanogpt",
-        description="The token files' layout: nanogpt (headerless uint16, train.bin) or llmc "
-                    "(llm.c's write_datafile: 256 x int32 header; gpt-2: magic 20240520 "
-                    "version 1, uint16 tokens; llama-3: magic 20240801 version 7, uint32)")
-    validation: ValidationSpec | None = Field(
-        default=None, description="A validation split; unset: no validation loss.")
-    vocab_size: int = Field(
-        default=256, ge=2, le=1_048_576,
-        description="The model's vocabulary; must exceed every token id in the dataset "
-                    "(at least 256 for synthetic and text)",
-        json_schema_extra=k8s(immutable("spec.trainer.vocabSize")))
-    steps: int = Field(default=100, ge=1, le=10_000_000)
-    seq_len: int = Field(default=128, ge=8, le=65_536,
-                         json_schema_extra=k8s(immutable("spec.trainer.seqLen")))
-    global_batch_size: int = Field(default=8, ge=1, le=1_048_576)
-    micro_batch_size: int = Field(default=2, ge=1, le=65_536)
-    lr: float = Field(default=3e-4, gt=0, le=10)
-    min_lr: float = Field(default=3e-5, ge=0, le=10)
-    warmup_steps: int = Field(default=10, ge=0, le=10_000_000)
-    lr_schedule: Literal["cosine", "wsd"] = "cosine"
-    decay_fraction: float = Field(default=0.2, gt=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0, le=10)
-    precision: Literal["bf16", "fp16", "fp32"] = "fp32"
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    max_grad_norm: float = Field(default=1.0, ge=0)
-    spike_factor: float = Field(default=0.0, ge=0)
-    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
-
-    @model_validator(mode="after")
-    def _dataset_shape(self) -> TrainerSpec:
-        if not re.match(DATASET, self.dataset):
-            raise ValueError(DATASET_MESSAGE)
-        if self.dataset in ("synthetic", "text") and self.vocab_size < 256:
-            raise ValueError(BYTE_VOCAB_MESSAGE)
-        return self
 
 
 class SecretKeyRefs(ApiModel):
@@ -411,9 +241,7 @@ _SPEC_RULES = k8s(
         BYTE_VOCAB_MESSAGE, field_path=".trainer.vocabSize"),
     cel("self.trainer.minLr <= self.trainer.lr",
         "spec.trainer.minLr must be <= spec.trainer.lr", field_path=".trainer.minLr"),
-    cel("self.trainer.globalBatchSize % self.trainer.microBatchSize == 0",
-        "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize",
-        field_path=".trainer.globalBatchSize"),
+    BATCH_RULE,
     cel("!has(self.command) || size(self.command) > 0",
         "spec.command must not be empty when set", field_path=".command"),
     cel("has(self.nprocPerNode) == has(oldSelf.nprocPerNode)",
@@ -513,9 +341,9 @@ class TrainingJobSpec(ApiModel):
             raise ValueError("spec.replicas must be >= spec.minReplicas")
         if self.max_replicas is not None and self.replicas > self.max_replicas:
             raise ValueError("spec.replicas must be <= spec.maxReplicas")
-        if self.trainer.global_batch_size % self.trainer.micro_batch_size:
-            raise ValueError(
-                "spec.trainer.globalBatchSize must be a multiple of spec.trainer.microBatchSize")
+        global_batch, micro_batch = self.trainer.batch
+        if global_batch % micro_batch:
+            raise ValueError(BATCH_MESSAGE)
         if self.trainer.cpu_offload and self.strategy != "fsdp":
             raise ValueError("spec.trainer.cpuOffload requires spec.strategy fsdp")
         limits, requests = self.resources.limits, self.resources.requests

@@ -119,7 +119,8 @@ def render_trainer_env(spec: TrainingJobSpec, job_name: str) -> dict[str, str]:
     """
     env = {"ELASTRAIN_JOB_NAME": job_name, "ELASTRAIN_STRATEGY": spec.strategy}
     for name, value in spec.trainer.model_dump(exclude={"validation"}).items():
-        env[f"ELASTRAIN_{name.upper()}"] = _text(value)
+        if value is not None:  # unset: the trainer's default, or a script's own choice
+            env[f"ELASTRAIN_{name.upper()}"] = _text(value)
     validation = spec.trainer.validation
     if validation is not None:  # trainer.validation.fooBar -> ELASTRAIN_VALIDATION_FOO_BAR
         for name, value in validation.model_dump().items():

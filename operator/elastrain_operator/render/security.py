@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from elastrain_operator.model.pod import PodTemplateOverride
 from elastrain_operator.model.pod_security import DEFAULT_USER
-from elastrain_operator.model.spec import PodTemplateOverride, TrainingJobSpec
+from elastrain_operator.model.spec import TrainingJobSpec
 from elastrain_operator.render.meta import Manifest
 
 TMP_VOLUME = "elastrain-tmp"

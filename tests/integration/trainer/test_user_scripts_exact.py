@@ -1,6 +1,6 @@
 """A user's script trains exactly through world changes (issue 32): user_script_exact.py, a
-DistributedSampler + DataLoader + accumulation + LR schedule + EMA script, under elastrain's
-launcher, first with in-process recovery, then in restart mode with the same world changes at
+DistributedSampler + DataLoader + accumulation + LR schedule + EMA script with a torch.compile'd
+model and an evaluation loop over a second DistributedSampler, under elastrain's launcher, first with in-process recovery, then in restart mode with the same world changes at
 the same steps, and the two runs end bit-identical.
 
 In process (test_inprocess_launcher's pods, one real TCPStore, DataLoader workers=2): a and b
@@ -52,7 +52,16 @@ from .conftest import load_checkpoint, trainer_env
 from .test_elastic import assert_identical
 from .test_inprocess import wait_for
 from .test_inprocess_launcher import Pods, job_store, pods
-from .user_script_exact import BASE_LR, MICRO, SAMPLES, SEED, dataset, lr_factor
+from .user_script_exact import (
+    BASE_LR,
+    EVAL_EVERY,
+    EVAL_SAMPLES,
+    MICRO,
+    SAMPLES,
+    SEED,
+    dataset,
+    lr_factor,
+)
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(300)]
 __all__ = ["job_store", "pods"]  # the fixtures, imported for the test below
@@ -63,8 +72,11 @@ STEPS_PER_EPOCH = SAMPLES // GLOBAL_BATCH
 # The world changes (the last step at the old world, the new world), in both modes.
 CHANGES = [(6, 1), (9, 2), (12, 1), (16, 2)]
 # Both modes: no periodic checkpoint (restart mode resumes from the stops' saves), no pacing.
+# The job's spec.trainer batch agrees with the script's loader (a set one that did not would be
+# refused at the first step: test_loader_positions.py).
 COMMON: dict[str, Any] = {"STEPS": str(STEPS), "CHECKPOINT_INTERVAL_STEPS": "1000",
-                          "CHECKPOINT_KEEP": "100", "STEP_SLEEP_SECONDS": "0"}
+                          "CHECKPOINT_KEEP": "100", "STEP_SLEEP_SECONDS": "0",
+                          "GLOBAL_BATCH_SIZE": str(GLOBAL_BATCH), "MICRO_BATCH_SIZE": str(MICRO)}
 
 
 # -- what the script wrote -----------------------------------------------------------------------
@@ -124,6 +136,11 @@ def assert_exact(steps: dict[int, list[dict[str, Any]]]) -> None:
         # GradScaler's scale is one value across ranks (a joiner's included).
         assert {r["group"] for r in recs} == {world}, (step, recs)
         assert len({r["scale"] for r in recs}) == 1, (step, recs)
+        # The evaluation loader (built second) is re-split too: every held-out sample once.
+        scores = {tuple(r["eval"]) if r["eval"] else None for r in recs}
+        assert len(scores) == 1, (step, recs)
+        if step % EVAL_EVERY == 0:
+            assert next(iter(scores))[1] == EVAL_SAMPLES, (step, scores)
     for epoch in range(STEPS // STEPS_PER_EPOCH):
         span = range(epoch * STEPS_PER_EPOCH + 1, (epoch + 1) * STEPS_PER_EPOCH + 1)
         counts = collections.Counter(i for s in span for r in steps[s] for i in r["indices"])
@@ -183,6 +200,7 @@ def records_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def run_in_process(pods: Pods, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_HOLD_AT", "6,9,13,16")
     monkeypatch.setenv("TEST_LOADER_WORKERS", "2")
+    monkeypatch.setenv("TEST_COMPILE", "1")  # a torch.compile'd model, in both runs
     entry = (str(SCRIPT),)
     for node in ("a", "b"):
         pods.start(node, 2, entry=entry, **COMMON)
@@ -217,6 +235,7 @@ def run_in_process(pods: Pods, out: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def run_restart_mode(root: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**trainer_env(root, **COMMON), "TEST_RECORDS": str(out), "TEST_LOADER_WORKERS": "0",
+           "TEST_COMPILE": "1",
            "TEST_HOLD_AT": ",".join(str(step) for step, _ in CHANGES)}
     # The first round must hold both agents (a world of 2 from step 1): they start together,
     # but one may reach the store seconds after the other on a loaded machine. Later agents
@@ -280,6 +299,8 @@ def test_a_users_script_trains_exactly_through_a_leave_joins_and_a_loss_in_proce
     assert_exact(restarted)
     assert changes_of(restarted) == CHANGES, changes_of(restarted)
 
+    evals = {s: steps[s][0]["eval"] for s in steps if s % EVAL_EVERY == 0}
+    assert evals == {s: restarted[s][0]["eval"] for s in restarted if s % EVAL_EVERY == 0}
     in_process = finals(records_dir)
     assert len(set(in_process)) == 1 and set(in_process) == set(finals(restart_out)), (
         in_process, finals(restart_out))

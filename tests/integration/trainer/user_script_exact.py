@@ -2,7 +2,8 @@
 dataset through a DistributedSampler and a DataLoader built after init_distributed(), gradient
 accumulation with no_sync, an LR schedule, an EMA of the weights, fp16 autocast with a
 GradScaler, a process sub-group of its own (rebuilt in on_world_change) and a loss averaged
-over the ranks, an epoch loop on StopIteration. What elastrain adds is the `with Session(...)`
+over the ranks, an epoch loop on StopIteration, an evaluation loop over a held-out set's
+DistributedSampler every few steps, and (TEST_COMPILE=1) a torch.compile'd model. What elastrain adds is the `with Session(...)`
 block. Run by test_user_scripts_exact.py under elastrain's launcher, in both recovery modes.
 
 It writes what it trained to $TEST_RECORDS: after each step, one JSON line per rank to
@@ -42,6 +43,8 @@ STEPS = int(os.environ.get("ELASTRAIN_STEPS", "24"))
 WORKERS = int(os.environ.get("TEST_LOADER_WORKERS", "0"))
 OUT = Path(os.environ.get("TEST_RECORDS", "."))
 HOLD_AT = {int(s) for s in os.environ.get("TEST_HOLD_AT", "").split(",") if s}
+COMPILE = os.environ.get("TEST_COMPILE") == "1"
+EVAL_SAMPLES, EVAL_EVERY = 18, 5  # a held-out set, evaluated after every 5th step
 
 
 def lr_factor(step: int) -> float:
@@ -105,17 +108,38 @@ def note_sigterm() -> None:
     signal.signal(signal.SIGTERM, noted)
 
 
+def evaluate(model: nn.Module, loader: DataLoader) -> list[float]:  # type: ignore[type-arg]
+    """The usual evaluation loop: a whole pass of a held-out set's DistributedSampler shard,
+    summed over the ranks (rank padding included, as torch's sampler pads)."""
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for x, _ in loader:
+            total += torch.tensor([nn.functional.mse_loss(model(x), target(x), reduction="sum")
+                                   .item(), len(x)], dtype=torch.float64)
+    model.train()
+    all_reduce(total)
+    return total.tolist()
+
+
 def main() -> None:
     env = init_distributed()
     torch.manual_seed(SEED)
-    model = DDP(nn.Linear(FEATURES, 1))
-    ema = AveragedModel(model.module, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    net = nn.Linear(FEATURES, 1)
+    # nanoGPT's order: compile, then DDP (aot_eager: the graphs without inductor's C++ build).
+    model = DDP(torch.compile(net, backend="aot_eager") if COMPILE else net)
+    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     optimizer = torch.optim.AdamW(model.parameters(), lr=BASE_LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     data = dataset()
     sampler = DistributedSampler(data, shuffle=True, seed=SEED)
     loader = DataLoader(data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS,
                         persistent_workers=False)
+    g = torch.Generator().manual_seed(SEED + 2)
+    held_out = TensorDataset(torch.randn(EVAL_SAMPLES, FEATURES, generator=g),
+                             torch.arange(EVAL_SAMPLES))
+    eval_loader = DataLoader(held_out, batch_size=MICRO,
+                             sampler=DistributedSampler(held_out, shuffle=False))
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     groups: dict[str, dist.ProcessGroup] = {}
@@ -152,21 +176,24 @@ def main() -> None:
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
-            ema.update_parameters(model.module)
+            ema.update_parameters(net)
             mean = loss.detach().clone()
             all_reduce(mean)  # elastrain's: a peer lost here is noted and the step redone
+            members = torch.ones(1)  # a collective of the script's own, on its sub-group
+            all_reduce(members, group=groups["all"])
+            scores = evaluate(model, eval_loader) if (step + 1) % EVAL_EVERY == 0 else None
             records.write("step", step=step + 1, rank=env.rank, world=env.world_size,
                           accum=session.accum, epoch=sampler.epoch, indices=read, lr=lr,
-                          group=dist.get_world_size(groups["all"]), scale=scaler.get_scale())
+                          group=int(members.item()), scale=scaler.get_scale(), eval=scores)
             session.report(loss=mean.item() / env.world_size)
 
     # Reached only when training finished.
     adam = {f"{p}.{k}": v for p, s in optimizer.state_dict()["state"].items() for k, v in s.items()}
-    records.write("final", rank=session.rank, model=digest(model.module.state_dict()),
+    records.write("final", rank=session.rank, model=digest(net.state_dict()),
                   ema=digest(ema.state_dict()), adam=digest(adam),
                   last_epoch=scheduler.last_epoch)
     if session.rank == 0:
-        torch.save({"model": model.module.state_dict(), "ema": ema.state_dict()},
+        torch.save({"model": net.state_dict(), "ema": ema.state_dict()},
                    OUT / "final.pt")
 
 

@@ -171,6 +171,51 @@ def test_the_fsdp_state_follows_the_script_s_module_object() -> None:
         dist.destroy_process_group()
 
 
+# --- torch: c10d's group check before every collective (session/stale_groups.py)
+
+
+@pytest.fixture
+def stale_groups_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import torch.distributed.distributed_c10d as c10d
+
+    from elastrain_trainer.session import stale_groups
+
+    monkeypatch.setattr(c10d, "_rank_not_in_group", c10d._rank_not_in_group)  # put back after
+    stale_groups.install()
+    yield
+
+
+def test_a_collective_on_a_group_of_an_earlier_world_is_refused_and_a_new_one_runs(
+        stale_groups_installed: None) -> None:
+    """What a world change in process does to the script's dist.new_group: destroyed with the
+    generation's groups, yet its gloo connections would still reduce (tried: abort() and
+    shutdown() do not stop them); refused instead, naming the fix. The next world's groups,
+    and the default group, reduce as before."""
+    import torch.distributed as dist
+
+    from elastrain_trainer.session.stale_groups import StaleGroupError
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    old = dist.new_group([0])
+    t = torch.ones(1)
+    dist.all_reduce(t, group=old)  # the world it was made in: fine
+    dist.destroy_process_group()  # the world changed (inprocess/regroup.py)
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(StaleGroupError, match=r"dist.all_reduce on a process group of 1 "
+                                                  r"rank that no longer exists.*"
+                                                  r"Session\(on_world_change=\.\.\.\)"):
+            dist.all_reduce(t, group=old)
+        with pytest.raises(StaleGroupError, match=r"dist.broadcast on"):
+            dist.broadcast(t, src=0, group=old)
+        rebuilt = dist.new_group([0])
+        dist.all_reduce(t, group=rebuilt)
+        dist.all_reduce(t)
+        assert t.item() == 1.0
+    finally:
+        dist.destroy_process_group()
+
+
 # --- torch: the launcher's agent patches (launch/agent.py)
 
 
@@ -288,10 +333,19 @@ BROKEN: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], Callable[[], Any],
     "SubprocessContext._close(death_sig=, timeout=)": (
         lambda mp: mp.setattr(SubprocessContext, "_close", lambda self, death_sig: None),
         launch_agent.patch_notice_to_trainer, "SubprocessContext._close(timeout=)"),
+    "c10d._rank_not_in_group": (
+        lambda mp: _drop(mp, torch.distributed.distributed_c10d, "_rank_not_in_group"),
+        lambda: _install_stale_groups(), "_rank_not_in_group"),
     "RequestSigner._credentials": (
         lambda mp: mp.setattr(s3, "boto3", _client_without_signer()),
         lambda: s3.S3Storage("s3://b/p"), "BaseClient._request_signer"),
 }
+
+
+def _install_stale_groups() -> None:
+    from elastrain_trainer.session import stale_groups
+
+    stale_groups.install()
 
 
 def _client_without_signer() -> Any:

@@ -8,7 +8,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from elastrain_operator.model.spec import (
+from elastrain_operator.model.trainer import (
     BYTE_VOCAB_MESSAGE,
     DATASET_MESSAGE,
     VALIDATION_DATASET_MESSAGE,

@@ -62,7 +62,6 @@ def test_trainer_env_is_the_documented_contract() -> None:
         "ELASTRAIN_MODEL": "gpt-small", "ELASTRAIN_DATASET": "synthetic",
         "ELASTRAIN_DATASET_FORMAT": "nanogpt", "ELASTRAIN_VOCAB_SIZE": "256",
         "ELASTRAIN_STEPS": "50", "ELASTRAIN_SEQ_LEN": "128",
-        "ELASTRAIN_GLOBAL_BATCH_SIZE": "8", "ELASTRAIN_MICRO_BATCH_SIZE": "2",
         "ELASTRAIN_LR": "0.001", "ELASTRAIN_MIN_LR": "3e-05", "ELASTRAIN_WARMUP_STEPS": "10",
         "ELASTRAIN_LR_SCHEDULE": "cosine", "ELASTRAIN_DECAY_FRACTION": "0.2",
         "ELASTRAIN_WEIGHT_DECAY": "0.1", "ELASTRAIN_PRECISION": "fp32",
@@ -185,3 +184,13 @@ def test_inprocess_node_id_from_the_user_wins() -> None:
                             namespace="n", job_uid="u", job_name="j")
     assert [e for e in env if e["name"] == "ELASTRAIN_NODE_ID"] == [
         {"name": "ELASTRAIN_NODE_ID", "value": "mine"}]
+
+
+def test_the_batch_reaches_the_trainer_only_where_the_spec_sets_it() -> None:
+    """Unset, a user script's DataLoader decides its batch (and the built-in trainer uses its
+    own 8 and 2); set, the script's Session checks its loader against it."""
+    unset = render_trainer_env(TrainingJobSpec.model_validate({"image": "t"}), "demo")
+    assert not {"ELASTRAIN_GLOBAL_BATCH_SIZE", "ELASTRAIN_MICRO_BATCH_SIZE"} & set(unset)
+    one = render_trainer_env(TrainingJobSpec.model_validate(
+        {"image": "t", "trainer": {"globalBatchSize": 12}}), "demo")
+    assert one["ELASTRAIN_GLOBAL_BATCH_SIZE"] == "12" and "ELASTRAIN_MICRO_BATCH_SIZE" not in one

@@ -359,3 +359,46 @@ def test_in_process_a_loader_over_an_iterable_dataset_is_refused_naming_it(
     with pytest.raises(ValueError, match=r"a DataLoader over an IterableDataset \(Endless\) "
                                          "cannot be re-split when the world changes in process"):
         session._plan_batch()
+
+
+@pytest.mark.parametrize(("env", "global_batch", "planned", "refusal"), [
+    ({}, None, 8, None),  # unset: the loader's 4 x 2 replicas
+    ({"ELASTRAIN_GLOBAL_BATCH_SIZE": "16"}, None, 16, None),  # the spec's, in 2 accumulations
+    ({"ELASTRAIN_MICRO_BATCH_SIZE": "4", "ELASTRAIN_GLOBAL_BATCH_SIZE": "16"}, 16, 16, None),
+    ({"ELASTRAIN_MICRO_BATCH_SIZE": "2"}, None, None,
+     r"the DataLoader's batch_size 4 is not spec.trainer.microBatchSize 2 "
+     r"\(ELASTRAIN_MICRO_BATCH_SIZE\): make them equal"),
+    ({"ELASTRAIN_GLOBAL_BATCH_SIZE": "16"}, 24, None,
+     r"Session\(global_batch=24\) is not spec.trainer.globalBatchSize 16"),
+])
+def test_the_spec_batch_where_set_must_be_the_scripts(
+        installed: tracking.DataTracker, monkeypatch: pytest.MonkeyPatch,
+        env: dict[str, str], global_batch: int | None, planned: int | None,
+        refusal: str | None) -> None:
+    """spec.trainer's batch reaches the trainer only where the job sets it; then a script's
+    loader (and Session(global_batch=)) must agree with it before the first step, in both
+    modes, rather than train another batch than the job says."""
+    from types import SimpleNamespace
+
+    from elastrain_trainer.session import world
+    from elastrain_trainer.session.process import process
+
+    for name in ("ELASTRAIN_GLOBAL_BATCH_SIZE", "ELASTRAIN_MICRO_BATCH_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    data = TensorDataset(torch.arange(64))
+    loader = DataLoader(data, batch_size=4,
+                        sampler=DistributedSampler(data, num_replicas=2, rank=0))
+    assert installed.micro_batch == loader.batch_size  # adopted (the tracker holds a weakref)
+    monkeypatch.setattr(world, "tracker", installed)
+    monkeypatch.setattr(process, "inprocess", None)  # Restart mode: torchrun's world of 2
+    session = world.WorldChanges()
+    session._global_batch = global_batch
+    session.denv = SimpleNamespace(world_size=2)  # type: ignore[assignment]
+    if refusal is None:
+        session._plan_batch()
+        assert installed.global_batch == planned
+    else:
+        with pytest.raises(ValueError, match=refusal):
+            session._plan_batch()

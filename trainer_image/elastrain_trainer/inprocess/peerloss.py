@@ -45,13 +45,14 @@ class PeerLoss:
             self._hooks = [optimizer.register_step_pre_hook(self._drop_grads_if_lost),
                            optimizer.register_step_post_hook(self._note_commit)]
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType,
+                   group: dist.ProcessGroup | None = None) -> None:
         """A collective of the body's own (a loss average): a failure is noted, not raised;
         after one, the broken group is not waited on again."""
         if self.error is not None:
             return
         try:
-            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(tensor, op=op, group=group)
         except RuntimeError as e:
             self.note(e)
 

@@ -19,6 +19,7 @@ from elastrain_trainer.inprocess.session import InProcessRuntime
 from elastrain_trainer.loaders import install as _track_loaders
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
+from elastrain_trainer.session import stale_groups
 
 
 @dataclasses.dataclass
@@ -38,6 +39,7 @@ def init_distributed() -> DistEnv:
     already did; returns where this process sits (rank, world_size, local_rank, device).
     Outside torchrun it is a world of one."""
     _track_loaders()  # the DataLoaders the script builds from now on follow the world
+    stale_groups.install()  # a group of an earlier world is refused, not silently used
     denv = read_dist_env(os.environ)
     inprocess = read_inprocess_config(os.environ)
     if inprocess is not None:
@@ -61,16 +63,18 @@ def init_distributed() -> DistEnv:
 
 
 def all_reduce(tensor: torch.Tensor,
-               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
-    """`dist.all_reduce` on the default group, for a collective of the script's own inside a
-    step's body (a loss averaged over ranks). In in-process mode a peer lost here is noted, not
+               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None) -> None:
+    """`dist.all_reduce` for a collective of the script's own inside a step's body (a loss
+    averaged over ranks), on the default group or a `group` the script made for the current
+    world (in Session(on_world_change=...)). In in-process mode a peer lost here is noted, not
     raised: the tensor is left as it is and the Session redoes the step at the next yield (a
-    plain `dist.all_reduce` would raise out of the script's loop and end the process as in
-    restart mode). In restart mode it is `dist.all_reduce`."""
+    plain `dist.all_reduce` would raise out of the script's loop and end the process, which its
+    launcher then restarts to rejoin). In restart mode it is `dist.all_reduce`."""
     if process.inprocess is None:
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=group)
     else:
-        process.inprocess.peer_loss.all_reduce(tensor, op)
+        process.inprocess.peer_loss.all_reduce(tensor, op, group)
 
 
 @dataclasses.dataclass(frozen=True)

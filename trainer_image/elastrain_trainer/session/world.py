@@ -7,6 +7,7 @@ api.Session: it owns these steps, the Session owns the loop and the checkpoints.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,13 @@ from elastrain_trainer.signals import EXIT_RESTART
 
 # The loaders' positions: in the checkpoint's sidecar and among the state sent to joiners.
 DATA_KEY = "elastrain_data"
+
+
+def _spec_batch() -> tuple[int | None, int | None]:
+    """spec.trainer's global and micro batch where the job sets them (the operator renders
+    only what is set: unset, a script's loader decides)."""
+    values = [os.environ.get(f"ELASTRAIN_{name}_BATCH_SIZE") for name in ("GLOBAL", "MICRO")]
+    return (int(values[0]) if values[0] else None, int(values[1]) if values[1] else None)
 
 
 class WorldChanges:
@@ -207,9 +215,20 @@ class WorldChanges:
         if micro is None:
             tracker.global_batch = self._global_batch
             return
+        spec_global, spec_micro = _spec_batch()
+        if spec_micro is not None and spec_micro != micro:
+            raise ValueError(
+                f"the DataLoader's batch_size {micro} is not spec.trainer.microBatchSize "
+                f"{spec_micro} (ELASTRAIN_MICRO_BATCH_SIZE): make them equal, or unset "
+                "spec.trainer.microBatchSize and the loader decides")
+        if spec_global is not None and self._global_batch not in (None, spec_global):
+            raise ValueError(
+                f"Session(global_batch={self._global_batch}) is not spec.trainer."
+                f"globalBatchSize {spec_global} (ELASTRAIN_GLOBAL_BATCH_SIZE): make them equal, "
+                "or unset spec.trainer.globalBatchSize and the Session decides")
         replicas = (process.inprocess.cfg.replicas if process.inprocess is not None
                     else self.denv.world_size)
-        tracker.global_batch = self._global_batch or micro * replicas
+        tracker.global_batch = self._global_batch or spec_global or micro * replicas
         if tracker.global_batch % micro:
             raise ValueError(f"Session(global_batch={tracker.global_batch}) is not a multiple "
                              f"of the DataLoader's batch_size {micro}")
