@@ -22,6 +22,7 @@ from elastrain_operator.model.spec import (
     SPARES_MODE_MESSAGE,
 )
 from elastrain_operator.model.trainer import (
+    BATCH_MESSAGE,
     BYTE_VOCAB_MESSAGE,
     DATASET_MESSAGE,
     VALIDATION_DATASET_MESSAGE,

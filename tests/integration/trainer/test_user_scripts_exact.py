@@ -1,7 +1,8 @@
 """A user's script trains exactly through world changes (issue 32): user_script_exact.py, a
 DistributedSampler + DataLoader + accumulation + LR schedule + EMA script with a torch.compile'd
-model and an evaluation loop over a second DistributedSampler, under elastrain's launcher, first with in-process recovery, then in restart mode with the same world changes at
-the same steps, and the two runs end bit-identical.
+model and an evaluation loop over a second DistributedSampler, under elastrain's launcher,
+first with in-process recovery, then in restart mode with the same world changes at the same
+steps, and the two runs end bit-identical.
 
 In process (test_inprocess_launcher's pods, one real TCPStore, DataLoader workers=2): a and b
 start at world 2 (global batch 8 = batch_size 4 x 2 ranks x accum 1); b is SIGTERMed in step 6

@@ -3,8 +3,9 @@ dataset through a DistributedSampler and a DataLoader built after init_distribut
 accumulation with no_sync, an LR schedule, an EMA of the weights, fp16 autocast with a
 GradScaler, a process sub-group of its own (rebuilt in on_world_change) and a loss averaged
 over the ranks, an epoch loop on StopIteration, an evaluation loop over a held-out set's
-DistributedSampler every few steps, and (TEST_COMPILE=1) a torch.compile'd model. What elastrain adds is the `with Session(...)`
-block. Run by test_user_scripts_exact.py under elastrain's launcher, in both recovery modes.
+DistributedSampler every few steps, and (TEST_COMPILE=1) a torch.compile'd model. What
+elastrain adds is the `with Session(...)` block. Run by test_user_scripts_exact.py under
+elastrain's launcher, in both recovery modes.
 
 It writes what it trained to $TEST_RECORDS: after each step, one JSON line per rank to
 <node>-<pid>.jsonl (rank, step, world size, accumulation, epoch, sample indices, LR), and at the
