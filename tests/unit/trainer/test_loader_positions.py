@@ -402,3 +402,93 @@ def test_the_spec_batch_where_set_must_be_the_scripts(
     else:
         with pytest.raises(ValueError, match=refusal):
             session._plan_batch()
+
+
+# -- a stream that reads by global position (loaders/stream.py) ---------------------------------
+
+class Indexed(IterableDataset):  # type: ignore[type-arg]
+    """A seekable stream: sample p is the tensor [p]."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, positions: range) -> Iterator[torch.Tensor]:
+        for p in positions:
+            yield torch.tensor(p)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:  # not adopted: the whole stream, one reader
+        return self.read(range(self.n))
+
+
+class StreamRank:
+    """One rank's stream loader under a tracker of its own (as in its process)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, n: int, micro: int, rank: int,
+                 world: int, *, workers: int = 0, state: dict[str, Any] | None = None) -> None:
+        self.tracker = tracking.DataTracker()
+        with monkeypatch.context() as m:
+            m.setattr(tracking, "tracker", self.tracker)
+            if state is not None:
+                self.tracker.load_state_dict(state)
+            self.tracker.set_world(rank, world)
+            self.loader = DataLoader(Indexed(n), batch_size=micro, num_workers=workers)
+            self.tracker.adopt(self.loader)
+            self.it = iter(self.loader)
+        self.read: list[int] = []
+
+    def draw(self, batches: int) -> int:
+        drawn = 0
+        for _ in range(batches):
+            try:
+                x = next(self.it)
+            except StopIteration:
+                break
+            self.read += x.tolist()
+            drawn += 1
+        return drawn
+
+
+def torch_split(n: int, world: int, rank: int) -> list[int]:
+    """What DistributedSampler(shuffle=False) gives rank `rank` of a map-style dataset."""
+    return list(DistributedSampler(range(n), num_replicas=world, rank=rank,  # type: ignore[arg-type]
+                                   shuffle=False))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_seekable_stream_is_split_as_a_distributed_sampler_splits(
+        monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """Each rank reads DistributedSampler(shuffle=False)'s positions, in its order, padding
+    included, with DataLoader workers too (each reads every k-th of the rank's batches);
+    len(loader) is the rank's."""
+    ranks = [StreamRank(monkeypatch, 30, 4, r, 4, workers=workers) for r in range(4)]
+    for rank in ranks:
+        assert len(rank.loader) == 2  # 8 positions per rank: 2 batches of 4
+        assert rank.draw(10) == 2
+    assert [r.read for r in ranks] == [torch_split(30, 4, r) for r in range(4)]
+
+
+def test_a_seekable_stream_continues_across_a_world_change_and_a_resume(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 positions, micro 2, global batch 8: a step at world 2, a leave (rank 0 alone reads
+    on from offset 8, DataLoader workers dropping what they prefetched), a step, then a resume at
+    world 3 from the saved position: every position of the epoch read once, the epoch's tail
+    padded at world 3."""
+    a, b = (StreamRank(monkeypatch, 30, 2, r, 2, workers=2) for r in range(2))
+    for r in (a, b):
+        r.tracker.global_batch = 8
+        r.draw(2)
+        r.tracker.check_step(0)
+    a.tracker.set_world(0, 1)  # b left: a's open pass reopens at world 1
+    a.draw(4)
+    a.tracker.check_step(1)
+    saved = a.tracker.state_dict()
+    assert json.loads(saved["positions"]) == [{"epoch": 0, "offset": 16, "in_pass": True}]
+    resumed = [StreamRank(monkeypatch, 30, 2, r, 3, state=saved) for r in range(3)]
+    for r in resumed:
+        r.draw(10)
+    assert sorted(a.read + b.read) == list(range(16))  # 2 steps, each position once
+    assert [r.read for r in resumed] == [  # the 14 left at world 3, padded to 15 as torch pads
+        [16, 19, 22, 25, 28], [17, 20, 23, 26, 29], [18, 21, 24, 27, 0]]

@@ -24,6 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 from elastrain_trainer.config import accumulation_steps
 from elastrain_trainer.loaders.loader import ElasticLoader, adopt_loader, sampler_of
 from elastrain_trainer.loaders.sampler import ElasticSampler, Position, adopt
+from elastrain_trainer.loaders.stream import adopt_stream, is_seekable
 
 
 class StaleBatchError(ValueError):
@@ -68,13 +69,18 @@ class DataTracker:
     def adopt(self, loader: DataLoader, *, train: bool = False) -> None:  # type: ignore[type-arg]
         sampler = sampler_of(loader)
         if isinstance(sampler, DistributedSampler):
-            adopted = adopt_loader(loader, adopt(sampler))
-            if not any(ref() is adopted for ref in self.loaders):
-                self.loaders.append(weakref.ref(adopted))
-            if train or self.train is None:
-                self.train = weakref.ref(adopted)
+            self._keep(adopt_loader(loader, adopt(sampler)), train)
+        elif is_seekable(loader.dataset) and loader.batch_size is not None:
+            self._keep(adopt_loader(loader, adopt_stream(loader.dataset, loader.batch_size)),
+                       train)
         elif isinstance(loader.dataset, IterableDataset):
             self.iterable.append(type(loader.dataset).__name__)
+
+    def _keep(self, adopted: ElasticLoader, train: bool) -> None:
+        if not any(ref() is adopted for ref in self.loaders):
+            self.loaders.append(weakref.ref(adopted))
+        if train or self.train is None:
+            self.train = weakref.ref(adopted)
 
     @property
     def micro_batch(self) -> int | None:
@@ -128,7 +134,8 @@ class DataTracker:
         except ValueError:
             draws = "session.accum"
         return (f"step {step} read {read} samples through its DataLoader "
-                f"({type(sampler.dataset).__name__}), but the global batch is "
+                f"({getattr(sampler.dataset, 'name', type(sampler.dataset).__name__)}), "
+                f"but the global batch is "
                 f"{self.global_batch}: at world size {self.world} each rank draws {draws} "
                 f"micro-batches of {micro} per step. Read session.accum inside the loop; an "
                 "accumulation computed from an earlier world size is stale")

@@ -211,7 +211,9 @@ class WorldChanges:
             raise ValueError(
                 f"a DataLoader over an IterableDataset ({', '.join(tracker.iterable)}) cannot "
                 "be re-split when the world changes in process: use a map-style dataset with "
-                "ElasticSampler or DistributedSampler, or spec.recovery.mode: Restart")
+                "ElasticSampler or DistributedSampler, give the dataset __len__ and "
+                "read(positions) (elastrain_trainer.loaders.stream) and the DataLoader a "
+                "batch_size, or spec.recovery.mode: Restart")
         if micro is None:
             tracker.global_batch = self._global_batch
             return
