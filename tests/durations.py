@@ -6,18 +6,70 @@
 `make test-durations` runs the `make test` tier this way (and the e2e tier with
 `make test-durations TIER=e2e`). Besides the times it reports the machine's CPU busy share over
 the run (from /proc/stat): a tier whose tests mostly wait (heartbeats, timeouts, servers) has
-room for running tests side by side; one whose CPU is busy does not.
+room for running tests side by side; one whose CPU is busy does not. And how many Python
+processes each test started, and how many of them imported torch (tests/startcount/: each
+such start costs 2-3 s of CPU here before it does anything): the run loads this module as a
+pytest plugin, whose hook names the running test in the environment the test's processes
+inherit. Pods of the e2e tier run in containers and are not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+STARTS_ENV = "ELASTRAIN_TEST_STARTS"  # where each started Python process notes itself
+TEST_ENV = "ELASTRAIN_TEST_NODEID"  # the test running when it started
+STARTCOUNT = Path(__file__).resolve().parent / "startcount"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """(A pytest hook, active when this module is loaded with -p.) The processes a test starts
+    (its fixtures' included) inherit its node id."""
+    os.environ[TEST_ENV] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(TEST_ENV, None)
+
+
+def starts(directory: Path) -> dict[str, list[bool]]:
+    """Per test: one entry per Python process it started, True where that process imported
+    torch."""
+    per_test: dict[str, list[bool]] = collections.defaultdict(list)
+    for path in directory.glob("*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if lines and lines[0].get("test"):
+            per_test[lines[0]["test"]].append(any("torch" in line for line in lines[1:]))
+    return per_test
+
+
+def starts_report(directory: Path, top: int) -> str:
+    per_test = starts(directory)
+    python = sum(len(v) for v in per_test.values())
+    torch_starts = {test: sum(v) for test, v in per_test.items()}
+    per_module: dict[str, int] = collections.Counter()
+    for test, n in torch_starts.items():
+        per_module[test.split("::", 1)[0]] += n
+    lines = [f"Python processes started by tests: {python}, of which imported torch: "
+             f"{sum(torch_starts.values())}", "", "torch starts per module:"]
+    lines += [f"  {n:6d}  {module}" for module, n in per_module.most_common() if n]
+    lines += ["", f"most torch starts, {top} tests:"]
+    lines += [f"  {n:6d}  {test}" for test, n in
+              sorted(torch_starts.items(), key=lambda kv: -kv[1])[:top] if n]
+    return "\n".join(lines)
 
 
 def cpu_times() -> tuple[int, int]:
@@ -60,14 +112,21 @@ def main(argv: list[str]) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         xml_path = Path(tmp) / "times.xml"
+        started = Path(tmp) / "starts"
+        started.mkdir()
+        env = {**os.environ, STARTS_ENV: str(started),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(STARTCOUNT),
+                                                           os.environ.get("PYTHONPATH")]))}
         busy0, total0 = cpu_times()
         pytest_args = [a for a in args.pytest_args if a != "--"]
-        code = subprocess.call([sys.executable, "-m", "pytest", *pytest_args,
-                                f"--junitxml={xml_path}"])
+        code = subprocess.call([sys.executable, "-m", "pytest", "-p", "tests.durations",
+                                *pytest_args, f"--junitxml={xml_path}"], env=env)
         busy1, total1 = cpu_times()
         print(report(xml_path, args.top))
         print(f"\nCPU busy over the run: {(busy1 - busy0) / max(1, total1 - total0):.0%} "
               "of all cores")
+        print()
+        print(starts_report(started, args.top))
     return code
 
 
