@@ -2,6 +2,7 @@
 
     python -m tests.durations [--top N] run -- <pytest args>   # runs pytest, then reports
     python -m tests.durations [--top N] report FILE.xml          # a run's junit XML
+    python -m tests.durations [--top N] starts DIR               # a run's process starts
 
 `make test-durations` runs the `make test` tier this way (and the e2e tier with
 `make test-durations TIER=e2e`). Besides the times it reports the machine's CPU busy share over
@@ -105,10 +106,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=60)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("report").add_argument("xml", type=Path)
+    sub.add_parser("starts").add_argument("directory", type=Path)
     sub.add_parser("run").add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "report":
         print(report(args.xml, args.top))
+        return 0
+    if args.command == "starts":  # a run made with the env `run` sets, e.g. CI's own
+        print(starts_report(args.directory, args.top))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         xml_path = Path(tmp) / "times.xml"

@@ -619,8 +619,10 @@ def test_a_pod_that_reaches_the_empty_store_before_the_world_waits_for_it_and_jo
         store.kill()
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
     recs = pods.all_records()
+    # c notes the claim it waits on (store_kept) unless a and b restored their generation
+    # between two of its polls (seen on 2 busy cores): either way nobody founded the store.
     kept = [r for r in recs if r["event"] == "store_kept"]
-    assert [r["node"] for r in kept] == ["c"] and kept[0]["by"] in ("a", "b"), kept
+    assert all(r["node"] == "c" and r["by"] in ("a", "b") for r in kept), kept
     assert not [r for r in recs if r["event"] == "store_founded"]
     steps = [r["step"] for r in recs if r["event"] == "step"]
     assert steps == list(range(1, int(LATE_JOINER_STEPS) + 1)), steps  # every step once

@@ -275,9 +275,28 @@ def run_restart_mode(root: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert sorted(set(resumed)) == CHANGES, resumed
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The restart-mode run, once for every loader family (all read the same batches): its
+    root, with records/ and ckpt/."""
+    root = tmp_path_factory.mktemp("restart")
+    out = root / "records"
+    out.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        run_restart_mode(root, out, mp)
+    restarted = trained(out)
+    assert_exact(restarted)
+    assert changes_of(restarted) == CHANGES, changes_of(restarted)
+    return root
+
+
+@pytest.mark.parametrize("family", ["distributed", "elastic", "stateful"])
 def test_a_users_script_trains_exactly_through_a_leave_joins_and_a_loss_in_process_as_restarts_do(
-        pods: Pods, records_dir: Path, tmp_path: Path,
+        pods: Pods, records_dir: Path, tmp_path: Path, reference: Path, family: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per loader family: torch's DistributedSampler + DataLoader, the Session's ElasticSampler,
+    torchdata's StatefulDataLoader (0.11.0, the newest, on the pinned torch)."""
+    monkeypatch.setenv("TEST_LOADER", family)
     run_in_process(pods, records_dir, monkeypatch)
     # The survivors kept their worker processes: one process (one records file) per node.
     files = collections.Counter(p.name.split("-")[0] for p in records_dir.glob("*.jsonl"))
@@ -292,14 +311,8 @@ def test_a_users_script_trains_exactly_through_a_leave_joins_and_a_loss_in_proce
     redone = [r for r in read_records(records_dir) if r["event"] == "step" and r["step"] == 13]
     assert [(r["node"], r["world"]) for r in redone] == [("a", 2), ("a", 1)], redone
 
-    restart = tmp_path / "restart"
-    restart_out = restart / "records"
-    restart_out.mkdir(parents=True)
-    run_restart_mode(restart, restart_out, monkeypatch)
+    restart_out = reference / "records"
     restarted = trained(restart_out)
-    assert_exact(restarted)
-    assert changes_of(restarted) == CHANGES, changes_of(restarted)
-
     evals = {s: steps[s][0]["eval"] for s in steps if s % EVAL_EVERY == 0}
     assert evals == {s: restarted[s][0]["eval"] for s in restarted if s % EVAL_EVERY == 0}
     in_process = finals(records_dir)
@@ -308,7 +321,7 @@ def test_a_users_script_trains_exactly_through_a_leave_joins_and_a_loss_in_proce
     in_process_final, restarted_final = final(records_dir), final(restart_out)
     assert_identical(restarted_final, in_process_final, "final.pt")
     # And the rest of the final checkpoint: AdamW's moments and step, the schedule, the EMA.
-    want = load_checkpoint(restart / "ckpt", STEPS, tmp_path)
+    want = load_checkpoint(reference / "ckpt", STEPS, tmp_path)
     got = load_checkpoint(pods.root / "ckpt", STEPS, tmp_path)
     assert set(got) == {"model", "optimizer", "scheduler", "ema", "scaler", "elastrain"}, set(got)
     for part in sorted(got):

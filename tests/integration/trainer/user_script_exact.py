@@ -26,6 +26,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from elastrain_trainer.api import Session, World, all_reduce, init_distributed, run
+from elastrain_trainer.api import (
+    ElasticSampler,
+    Session,
+    World,
+    all_reduce,
+    init_distributed,
+    run,
+)
 
 SEED = 1234
 SAMPLES, FEATURES = 96, 8
@@ -45,6 +53,9 @@ WORKERS = int(os.environ.get("TEST_LOADER_WORKERS", "0"))
 OUT = Path(os.environ.get("TEST_RECORDS", "."))
 HOLD_AT = {int(s) for s in os.environ.get("TEST_HOLD_AT", "").split(",") if s}
 COMPILE = os.environ.get("TEST_COMPILE") == "1"
+# The loader family: torch's DistributedSampler + DataLoader (distributed), the Session's own
+# ElasticSampler (elastic), or torchdata's StatefulDataLoader over a DistributedSampler (stateful).
+LOADER = os.environ.get("TEST_LOADER", "distributed")
 EVAL_SAMPLES, EVAL_EVERY = 18, 5  # a held-out set, evaluated after every 5th step
 
 
@@ -133,9 +144,17 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=BASE_LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     data = dataset()
-    sampler = DistributedSampler(data, shuffle=True, seed=SEED)
-    loader = DataLoader(data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS,
-                        persistent_workers=False)
+    sampler: DistributedSampler[Any] = (ElasticSampler(data, shuffle=True, seed=SEED)
+                                        if LOADER == "elastic"
+                                        else DistributedSampler(data, shuffle=True, seed=SEED))
+    if LOADER == "stateful":  # torchdata's, which builds itself without DataLoader.__init__
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        loader: DataLoader[Any] = StatefulDataLoader(
+            data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS,
+            persistent_workers=False)
+    else:
+        loader = DataLoader(data, batch_size=MICRO, sampler=sampler, num_workers=WORKERS,
+                            persistent_workers=False)
     g = torch.Generator().manual_seed(SEED + 2)
     held_out = TensorDataset(torch.randn(EVAL_SAMPLES, FEATURES, generator=g),
                              torch.arange(EVAL_SAMPLES))
