@@ -278,34 +278,16 @@ def hosted_cluster_class() -> type:
     return HostedCluster
 
 
-def inprocess_cluster_class() -> type:
-    """LocalCluster whose agents run what an InProcess worker pod runs: torchrun standalone
-    (one rank, restarted in place), the trainers' membership on the cluster's store."""
-    from elastrain_trainer.launch.cluster import Agent, LocalCluster
-
-    @dataclass
-    class InProcessCluster(LocalCluster):
-        def add_agent(self) -> Agent:
-            name = f"agent-{len(self.agents)}"
-            spares = getattr(self, "spares", 0)
-            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1",
-                   "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{self._port}",
-                   "ELASTRAIN_NODE_ID": name, "ELASTRAIN_RUN_ID": self.job_id,
-                   "ELASTRAIN_REPLICAS": str(self.max_nodes),
-                   "ELASTRAIN_MAX_REPLICAS": str(self.max_nodes + spares),
-                   "ELASTRAIN_MIN_REPLICAS": str(self.min_nodes),
-                   "ELASTRAIN_SPARES": str(spares)}
-            cmd = [sys.executable, "-m", "elastrain_trainer.launch", "--standalone",
-                   "--nnodes=1", "--nproc-per-node=1", "--max-restarts=100",
-                   "--monitor-interval=0.5", *self.entry]
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            agent = Agent(name, proc, self.out_dir / f"{name}.log")
-            self.agents.append(agent)
-            threading.Thread(target=self._pump, args=(agent,), daemon=True).start()
-            return agent
-
-    return InProcessCluster
+def inprocess_env(env: dict[str, str], name: str, nodes: int, min_nodes: int,
+                  spares: int) -> dict[str, str]:
+    """What an InProcess worker pod's trainer reads (the operator's rendering, in short): with
+    it, LocalCluster's agents run the launcher standalone on the cluster's store, as
+    `elastrain run --local` does for an InProcess spec."""
+    return {**env, "PET_STANDALONE": "1", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
+            "PET_MAX_RESTARTS": "100", "PET_MONITOR_INTERVAL": "0.5",
+            "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_RUN_ID": name,
+            "ELASTRAIN_REPLICAS": str(nodes), "ELASTRAIN_MAX_REPLICAS": str(nodes + spares),
+            "ELASTRAIN_MIN_REPLICAS": str(min_nodes), "ELASTRAIN_SPARES": str(spares)}
 
 
 def lose_worker(cluster: Any, kind: str) -> None:
@@ -378,12 +360,12 @@ def run_one(name: str, env: dict[str, str], run_dir: Path, kind: str | None, hos
             ) -> tuple[float, list[Record], list[float], dict[str, Any]]:
     from elastrain_trainer.launch.cluster import LocalCluster
 
-    cls: Callable[..., Any] = (hosted_cluster_class() if hosted else
-                               inprocess_cluster_class() if in_process else LocalCluster)
+    cls: Callable[..., Any] = hosted_cluster_class() if hosted else LocalCluster
     kwargs: dict[str, Any] = {"restart_delay": restart_delay} if hosted else {}
+    if in_process:
+        env = inprocess_env(env, name, nodes, min_nodes, spares)
     cluster = cls(env, min_nodes, nodes, run_dir / "logs", job_id=name,
                   on_record=lambda a, r: None, **kwargs)
-    cluster.in_process, cluster.spares = in_process, spares
     start = time.time()
     times: list[float] = []
     try:

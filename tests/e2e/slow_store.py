@@ -40,7 +40,12 @@ class SlowStoreProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.target)
+            try:
+                server = socket.create_connection(self.target, timeout=30)
+                server.settimeout(None)
+            except OSError:  # MinIO refused this one: the client sees a reset, the proxy stays
+                client.close()
+                continue
             awaiting = threading.Event()  # a request went out and its response has not begun
             threading.Thread(target=self._requests, args=(client, server, awaiting),
                              daemon=True).start()
