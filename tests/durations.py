@@ -119,7 +119,9 @@ def main(argv: list[str]) -> int:
         xml_path = Path(tmp) / "times.xml"
         started = Path(tmp) / "starts"
         started.mkdir()
-        env = {**os.environ, STARTS_ENV: str(started),
+        # A run inside a test (tests/unit/tooling) counts its own starts, not its parent's test.
+        env = {k: v for k, v in os.environ.items() if k != TEST_ENV}
+        env = {**env, STARTS_ENV: str(started),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(STARTCOUNT),
                                                            os.environ.get("PYTHONPATH")]))}
         busy0, total0 = cpu_times()
