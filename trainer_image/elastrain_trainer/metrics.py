@@ -107,8 +107,12 @@ class _Progress:
 
 _progress = _Progress()
 _lock = threading.Lock()
-_read = threading.Condition(_lock)  # notified whenever /progress is served
-_reads = 0
+_read = threading.Condition(_lock)  # notified whenever a /progress document was delivered
+# /progress documents built, and the newest of them written out in full: a trainer about to exit
+# waits for a document built after its last record to be delivered, not merely built (a process
+# that exits while its server thread is still writing the reply leaves the operator nothing).
+_built = 0
+_delivered = 0
 
 
 def record_start(total_steps: int, world_size: int, restarts: int) -> None:
@@ -241,15 +245,16 @@ def record_checkpoint_healthy() -> None:
 
 
 def progress_reads() -> int:
-    """How many /progress documents were served so far."""
+    """How many /progress documents were built so far (what wait_for_progress_read is after)."""
     with _lock:
-        return _reads
+        return _built
 
 
 def wait_for_progress_read(after: int, timeout: float) -> bool:
-    """Block until a /progress document was served since progress_reads() returned `after`."""
+    """Block until a /progress document built after progress_reads() returned `after` was
+    written to its reader in full."""
     with _read:
-        return _read.wait_for(lambda: _reads > after, timeout)
+        return _read.wait_for(lambda: _delivered > after, timeout)
 
 
 def record_committed(step: int, uri: str, time_rfc3339: str) -> None:
@@ -265,12 +270,19 @@ def progress_document() -> dict[str, Any]:
         return _document()
 
 
-def _served_progress_document() -> dict[str, Any]:
-    global _reads
+def _served_progress_document() -> tuple[int, dict[str, Any]]:
+    """(its sequence number, the document) for one /progress request."""
+    global _built
+    with _lock:
+        _built += 1
+        return _built, _document()
+
+
+def _progress_delivered(seq: int) -> None:
+    global _delivered
     with _read:
-        _reads += 1
+        _delivered = max(_delivered, seq)
         _read.notify_all()
-        return _document()
 
 
 def _document() -> dict[str, Any]:
@@ -341,11 +353,13 @@ def _rfc3339(moment: datetime) -> str:
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
+        seq = 0
         if path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif path == "/progress":
             _heard_replicas(query)
-            body, ctype = json.dumps(_served_progress_document()).encode(), "application/json"
+            seq, document = _served_progress_document()
+            body, ctype = json.dumps(document).encode(), "application/json"
         else:
             self.send_error(404)
             return
@@ -354,6 +368,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        self.wfile.flush()
+        if seq:
+            _progress_delivered(seq)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # scrapes every few seconds would drown the step log

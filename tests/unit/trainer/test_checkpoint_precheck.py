@@ -126,3 +126,20 @@ def test_giving_up_waits_until_the_reason_was_served(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pc, "LINGER_SECONDS", 0.1)  # nobody polls: it gives up anyway
     with pytest.raises(pc.CheckpointLocationError):
         run_check([REFUSED], serving=True)
+
+
+def test_a_read_counts_once_its_reply_is_written_and_only_if_built_after_the_failure() -> None:
+    """The trainer exits as soon as the read counts: a reply still being written when it did
+    (counted at build, CI saw the operator never get it) or one built before the failure (it
+    lacks the reason) must not release it."""
+    metrics.record_checkpoint_failed(REFUSED.kind, "before")
+    older, _ = metrics._served_progress_document()  # a poll that began before the failure
+    metrics.record_checkpoint_failed(REFUSED.kind, REFUSED.message)
+    after = metrics.progress_reads()
+    metrics._progress_delivered(older)
+    assert not metrics.wait_for_progress_read(after, 0.05), "a stale reply released it"
+    seq, doc = metrics._served_progress_document()
+    assert doc["checkpointHealth"]["lastError"] == REFUSED.message
+    assert not metrics.wait_for_progress_read(after, 0.05), "counted before it was written"
+    metrics._progress_delivered(seq)
+    assert metrics.wait_for_progress_read(after, 0.05)
