@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import warmstart
 from tests.ci import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,13 @@ def _load_cluster_module() -> ModuleType:
 
 
 cluster = _load_cluster_module()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Warm starts (tests/warmstart) in each process that runs tests: not xdist's controller."""
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        return
+    warmstart.install()
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.warmstart import started_pid
+
 pytestmark = [pytest.mark.timeout(300)]
 WORKER = Path(__file__).with_name("inprocess_worker.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -174,7 +176,7 @@ def test_a_worker_leaving_with_notice_costs_survivors_no_restart_and_no_step(
     assert len(left) == 1 and steps_of(ev["c"])[-1] == left[0]["step"]
     for n in "ab":
         # Same process all along (the Popen's pid), every step trained exactly once.
-        assert pids(ev[n]) == {procs[n].pid}, n
+        assert pids(ev[n]) == {started_pid(procs[n].pid)}, n
         assert steps_of(ev[n]) == list(range(1, 61)), n
         regroup = [e for e in ev[n] if e["event"] == "regroup"]
         assert [(e["world"], e["reason"], e["step"]) for e in regroup] == [
@@ -207,7 +209,8 @@ def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
     assert joined["event"] == "joined" and joined["healed_from"] in {"a", "b"}
     assert joined["world"] == 3 and joined["rank"] == 2 and joined["step"] > 3
     for n in "ab":
-        assert pids(ev[n]) == {procs[n].pid} and steps_of(ev[n]) == list(range(1, total + 1)), n
+        assert pids(ev[n]) == {started_pid(procs[n].pid)}, n
+        assert steps_of(ev[n]) == list(range(1, total + 1)), n
         regroup = [e for e in ev[n] if e["event"] == "regroup"]
         assert [(e["world"], e["reason"], e["step"]) for e in regroup] == [
             (3, "join", joined["step"])], regroup
@@ -244,7 +247,7 @@ def test_a_killed_worker_costs_survivors_at_most_one_step(
     assert all(codes[n] == 0 for n in survivors), {n: nodes.log_of(n) for n in survivors}
     ev = {n: events(tmp_path, n) for n in survivors}
     for n in survivors:
-        assert pids(ev[n]) == {procs[n].pid}, n
+        assert pids(ev[n]) == {started_pid(procs[n].pid)}, n
         regroup = [e for e in ev[n] if e["event"] == "regroup"]
         assert [(e["world"], e["reason"]) for e in regroup] == [(2, "fail")], regroup
         # Nothing a survivor committed is lost (it resumes at or after its own committed step,

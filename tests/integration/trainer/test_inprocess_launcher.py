@@ -32,6 +32,7 @@ from elastrain_trainer.inprocess import membership as m
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.launch import rdzv_store
 from elastrain_trainer.ports import free_port
+from tests.warmstart import started_pid
 
 from .conftest import trainer_env
 from .tcp_proxy import TcpProxy
@@ -104,7 +105,7 @@ class Pods:
                 kids += [int(k) for k in (task / "children").read_text().split()]
             except OSError:
                 continue
-        return kids[0] if len(kids) == 1 else None
+        return started_pid(kids[0]) if len(kids) == 1 else None
 
     def log(self, node: str) -> str:
         return (self.root / f"{node}.log").read_text(errors="replace")[-4000:]

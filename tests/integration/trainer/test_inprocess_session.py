@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from tests.warmstart import started_pid
+
 from .test_inprocess import events, steps_of, wait_for
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -67,7 +69,7 @@ def test_session_trains_through_a_leave_and_a_join_without_restarting_survivors(
     left = next(json.loads(line) for line in logs["c"].splitlines()
                 if line.startswith("{") and '"left"' in line)
     for n in "ab":
-        assert {e["pid"] for e in ev[n]} == {procs[n].pid}, n
+        assert {e["pid"] for e in ev[n]} == {started_pid(procs[n].pid)}, n
         assert steps_of(ev[n]) == list(range(1, STEPS + 1)), n
         worlds = [e["world"] for e in ev[n] if e["event"] == "step"]
         assert worlds[0] == 3 and worlds[-1] == 3 and 2 in worlds, worlds
@@ -111,7 +113,7 @@ def run_job(root: Path, port: int, run: str, **c_env: str) -> dict[str, Any]:
             if p.poll() is None:
                 p.kill()
     logs = {n: (root / f"{n}.log").read_text(errors="replace") for n in procs}
-    return {"codes": codes, "logs": logs, "pids": {n: p.pid for n, p in procs.items()},
+    return {"codes": codes, "logs": logs, "pids": {n: started_pid(p.pid) for n, p in procs.items()},
             "ev": {n: events(root, n) for n in "abc"}}
 
 

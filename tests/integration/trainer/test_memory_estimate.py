@@ -54,7 +54,9 @@ def run_torchrun(env: dict[str, str]) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={WORLD}", "-m", "elastrain_trainer"],
-        env=subprocess_env(env), capture_output=True, text=True, timeout=200)
+        # Cold: a warm start's resident set includes the pages it shares with its server.
+        env=subprocess_env({**env, "ELASTRAIN_WARM_START": "0"}), capture_output=True,
+        text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [r for r in map(parse_line, proc.stdout.splitlines()) if r is not None]
 
