@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,7 @@ class WarmStart:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 def started_pid(pid: int) -> int:
