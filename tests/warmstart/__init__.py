@@ -81,6 +81,14 @@ def started_pid(pid: int) -> int:
         return pid
 
 
+_REAL = sys.executable  # before install() points sys.executable at the shim
+
+
+def real_python() -> str:
+    """The interpreter the shim stands in for."""
+    return _REAL
+
+
 def install() -> WarmStart | None:
     """Start the server and point this process's Python starts at the shim (None: turned off)."""
     if os.environ.get("ELASTRAIN_WARM_START") == "0":

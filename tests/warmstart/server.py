@@ -173,17 +173,9 @@ def stdio(unbuffered: bool) -> None:
                                 write_through=unbuffered and mode == "wb", **kw)
 
     sys.stdin = sys.__stdin__ = text(0, "rb")
-    out = text(1, "wb", line_buffering=os.isatty(1) if _open(1) else False)
+    out = text(1, "wb", line_buffering=os.isatty(1))
     sys.stdout = sys.__stdout__ = out
     sys.stderr = sys.__stderr__ = text(2, "wb", errors="backslashreplace", line_buffering=True)
-
-
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def watch_shim(conn: socket.socket) -> None:

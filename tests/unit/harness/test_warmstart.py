@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.warmstart import WarmStart
+from tests.warmstart import WarmStart, real_python
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,15 +26,6 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmStart]:
         yield server
     finally:
         server.stop()
-
-
-def real_python() -> str:
-    """The interpreter itself, also where this pytest process runs warm starts."""
-    exe = sys.executable
-    if exe.endswith("/python") and "elastrain-warm-" in exe:
-        first = Path(exe).read_text().splitlines()[0]
-        return first[2:].split()[0]
-    return exe
 
 
 def env(warm: WarmStart, **extra: str) -> dict[str, str]:
@@ -146,14 +136,20 @@ def test_signals_reach_the_child_and_its_end_is_the_shims(warm: WarmStart) -> No
     assert killed.wait(30) == -signal.SIGKILL
 
 
-def test_a_sigkilled_shim_takes_its_child_and_its_childs_group_with_it(
-        warm: WarmStart) -> None:
+def with_a_forked_helper(warm: WarmStart, then: str) -> subprocess.Popen[str]:
+    """A warm child that forks a helper into its group (as a DataLoader worker is), then runs
+    `then` (`kid` is the helper's PID)."""
     code = ("import os, time\n"
             "kid = os.fork()\n"
-            "if kid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
-            "print(os.getpid(), flush=True)\nprint(kid, flush=True)\ntime.sleep(60)\n")
-    proc = subprocess.Popen([str(warm.shim), "-c", code], stdout=subprocess.PIPE, text=True,
+            "if kid == 0:\n    time.sleep(60)\n    os._exit(0)\n" + then)
+    return subprocess.Popen([str(warm.shim), "-c", code], stdout=subprocess.PIPE, text=True,
                             env=env(warm))
+
+
+def test_a_sigkilled_shim_takes_its_child_and_its_childs_group_with_it(
+        warm: WarmStart) -> None:
+    proc = with_a_forked_helper(warm, "print(os.getpid(), flush=True)\nprint(kid, flush=True)\n"
+                                "time.sleep(60)\n")
     child, grandchild = child_pid(proc), child_pid(proc)
     proc.kill()
     assert proc.wait(10) == -signal.SIGKILL
@@ -161,12 +157,7 @@ def test_a_sigkilled_shim_takes_its_child_and_its_childs_group_with_it(
 
 
 def test_what_a_finished_child_left_in_its_group_is_ended(warm: WarmStart) -> None:
-    code = ("import os, time\n"
-            "kid = os.fork()\n"
-            "if kid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
-            "print(kid, flush=True)\n")
-    proc = subprocess.Popen([str(warm.shim), "-c", code], stdout=subprocess.PIPE, text=True,
-                            env=env(warm))
+    proc = with_a_forked_helper(warm, "print(kid, flush=True)\n")
     left = child_pid(proc)
     assert proc.wait(30) == 0
     assert gone(left)
