@@ -176,11 +176,13 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     if p.status != job.status:
         written = write_status(kube, raw, p.status)
         if options.cache is not None and written:
-            options.cache.put_job(written)  # the next check plans from what we wrote
+            options.cache.put_job(written, written=True)  # the next check plans from it
+    since = options.cache.begin() if options.cache is not None else None
     applied = apply_children(kube, ns, delete=p.delete_pods,
                              release=p.release_pods + children.orphans, create=p.create)
-    if options.cache is not None:
-        options.cache.expect((ns, job.metadata.name), list(applied.present))
+    if options.cache is not None and since is not None:
+        options.cache.expect((ns, job.metadata.name), job.metadata.uid, list(applied.present),
+                             since)
     if p.delete_job:
         delete_job(kube, ns, job.metadata.name)
     events = list(p.events) + [EventSpec("Warning", c.CREATE_FAILED, e)

@@ -147,12 +147,17 @@ class Cache:
 
     # -------------------------------------------------------------------- the watch side
 
-    def put_job(self, raw: Manifest) -> bool:
-        """A TrainingJob as the watch saw it; False when we already had this version."""
+    def put_job(self, raw: Manifest, *, written: bool = False) -> bool:
+        """A TrainingJob as the watch saw it; False when we already had this version.
+        written: what our own status write returned, which replaces only the same job: the
+        watch may have seen it deleted meanwhile (or re-created under its name), and a dead
+        job put back would be planned for in its successor's place."""
         meta = raw.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         with self._lock:
             known = self._jobs.get(key)
+            if written and (known is None or known.raw["metadata"].get("uid") != meta.get("uid")):
+                return False
             if known is not None and known.raw["metadata"].get("resourceVersion") == \
                     meta.get("resourceVersion"):
                 return False
@@ -175,6 +180,11 @@ class Cache:
                     and known.raw["metadata"].get("uid") != uid:
                 return
             self._jobs.pop(key, None)
+            view = self._views.get(key)
+            if view is not None:
+                # Its children's creations, still unseen, will never come (or come as a dead
+                # job's, whose events say so): a job re-created under this name must not wait.
+                view.expected.clear()
             # Bumped, not forgotten: a check still in flight for the deleted job must not
             # match a job re-created under the same name.
             self._bump(key)
@@ -337,12 +347,21 @@ class Cache:
         with self._lock:
             return Token(self._epoch, self._seq)
 
-    def expect(self, key: Key, names: list[str]) -> None:
-        """Children just created (or found existing): wait to see them before trusting the view."""
+    def expect(self, key: Key, uid: str, names: list[str], since: Token) -> None:
+        """Children of job `uid` just created (or found existing), by a round that began
+        creating at `since`: wait to see them before trusting the view. Not for a job the watch
+        has seen go (or replaced under its name): its children's events are no one's to wait
+        for. Not for a child the watch reported on since: it was seen (or seen to go) already,
+        and no later event of it may come."""
         deadline = self._clock() + EXPECTATION_SECONDS
         with self._lock:
+            known = self._jobs.get(key)
+            if known is None or known.raw["metadata"].get("uid") != uid:
+                return
             view = self._views.setdefault(key, _View())
             for name in names:
-                if name not in view.pods and name not in view.services:
-                    view.expected[name] = deadline
+                if name in view.pods or name in view.services \
+                        or view.touched.get(name, -1) > since.seq:
+                    continue
+                view.expected[name] = deadline
             self._bump(key)
