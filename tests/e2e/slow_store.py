@@ -4,7 +4,8 @@ It listens on the node's bridge address (pods reach it, nothing outside does) an
 MinIO. Latency, not bandwidth: a save is a dozen requests in sequence (shards, DCP metadata,
 manifest, commit marker, `latest`), so a fixed delay per response stretches it past 30 seconds
 while each single request still answers well within boto3's 60-second read timeout (a bandwidth
-cap let the client's socket buffer swallow a whole shard and then time out waiting).
+cap let the client's socket buffer swallow a whole shard and then time out waiting). `delay`
+may change while it runs: each response reads it.
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from elastrain_operator.describe import describe_job
 from tests.e2e.conftest import NodeCluster
 from tests.e2e.support import (
@@ -31,47 +29,58 @@ def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
 
-@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_a_store_image_that_does_not_exist_is_told_paced_and_fails_the_job(
-        operator: NodeCluster, job_namespace: str, mode: str) -> None:
-    """In InProcess mode the trainers' Session cannot reach the store either: each ends its pod
-    with the same RendezvousConnectionError (EXIT_STORE_LOST), so the accounting is the same."""
+        operator: NodeCluster, job_namespace: str) -> None:
+    """One job per recovery mode, side by side (the test is ~4 minutes of waiting for the
+    store's readyTimeoutSeconds, which both jobs spend together). In InProcess mode the
+    trainers' Session cannot reach the store either: each ends its pod with the same
+    RendezvousConnectionError (EXIT_STORE_LOST), so the accounting is the same."""
     node, ns, k = operator, job_namespace, operator.kubectl
     timeout = 240
-    job = make_job("nostore", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
-                   bucket=node.s3.bucket, replicas=2, **recovery_spec(mode))
-    job["spec"]["rendezvous"] = {"store": {"image": MISSING_IMAGE,
-                                           "readyTimeoutSeconds": timeout}}
-    job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 5}
-    k.apply(job)
+    names = {mode: f"nostore-{key}" for key, mode in RECOVERY_MODES.items()}
+    for mode, name in names.items():
+        job = make_job(name, ns, image=node.images["trainer"],
+                       s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket, replicas=2,
+                       **recovery_spec(mode))
+        job["spec"]["rendezvous"] = {"store": {"image": MISSING_IMAGE,
+                                               "readyTimeoutSeconds": timeout}}
+        job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 5}
+        k.apply(job)
 
-    cond = wait_for("RendezvousStoreReady=False StoreImagePullFailed", lambda: (
-        c := _condition(job_status(k, ns, "nostore"), "RendezvousStoreReady"))
-        .get("reason") == "StoreImagePullFailed" and c, timeout=120)
-    assert cond["status"] == "False" and MISSING_IMAGE in cond["message"], cond
-    row = k("get", "tj", "nostore", "-n", ns).stdout.splitlines()
-    print("\n".join(row))
-    assert "StoreImagePullFailed" in row[1].split(), row
+    for name in names.values():
+        cond = wait_for(
+            f"{name}: RendezvousStoreReady=False StoreImagePullFailed", lambda name=name: (
+                c := _condition(job_status(k, ns, name), "RendezvousStoreReady"))
+            .get("reason") == "StoreImagePullFailed" and c, timeout=120)
+        assert cond["status"] == "False" and MISSING_IMAGE in cond["message"], cond
+        row = k("get", "tj", name, "-n", ns).stdout.splitlines()
+        print("\n".join(row))
+        assert "StoreImagePullFailed" in row[1].split(), row
 
     # The agents give up on the rendezvous: each such worker is the store's loss, not counted.
-    status = wait_for("a worker lost to the store", lambda: (
-        s := job_status(k, ns, "nostore")).get("rendezvousStore", {}).get("workersLost")
-        and s, timeout=timeout - 30)
-    assert status.get("preemptions", 0) == 0 and status.get("restarts", 0) == 0, status
-    assert status["rendezvousStore"].get("replaceAfter"), status  # paced: backoff
-    assert "WaitingForRendezvousStore" in event_reasons(k, ns, "nostore")
-    pods = k.json("get", "pods", "-n", ns, "-l", "elastrain.dev/job-name=nostore")["items"]
-    text = describe_job(k.json("get", "tj", "nostore", "-n", ns), pods)
-    print(text)
-    assert "not Ready, StoreImagePullFailed" in text and "lost to it, not counted" in text, text
+    for name in names.values():
+        status = wait_for(f"{name}: a worker lost to the store", lambda name=name: (
+            s := job_status(k, ns, name)).get("rendezvousStore", {})
+            .get("workersLost") and s, timeout=timeout - 30)
+        assert status.get("preemptions", 0) == 0 and status.get("restarts", 0) == 0, status
+        assert status["rendezvousStore"].get("replaceAfter"), status  # paced: backoff
+        assert "WaitingForRendezvousStore" in event_reasons(k, ns, name)
+        pods = k.json("get", "pods", "-n", ns, "-l", f"elastrain.dev/job-name={name}")["items"]
+        text = describe_job(k.json("get", "tj", name, "-n", ns), pods)
+        print(text)
+        assert "not Ready, StoreImagePullFailed" in text and "lost to it, not counted" in text, \
+            text
 
-    status = wait_for("the job Failed", lambda: (s := job_status(k, ns, "nostore"))
-                      .get("phase") == "Failed" and s, timeout=timeout + 60)
-    failed = _condition(status, "Failed")
-    assert failed["reason"] == "RendezvousStoreNotReady", failed
-    assert "rendezvous store pod nostore-rdzv" in failed["message"], failed
-    assert "StoreImagePullFailed" in failed["message"], failed
-    assert status.get("preemptions", 0) == 0 and status.get("restarts", 0) == 0, status
-    # The operator posts events after the status write that the wait above saw: wait for it.
-    wait_for("the RendezvousStoreNotReady event",
-             lambda: "RendezvousStoreNotReady" in event_reasons(k, ns, "nostore"), timeout=60)
+    for name in names.values():
+        status = wait_for(f"{name}: the job Failed", lambda name=name: (
+            s := job_status(k, ns, name)).get("phase") == "Failed" and s,
+            timeout=timeout + 60)
+        failed = _condition(status, "Failed")
+        assert failed["reason"] == "RendezvousStoreNotReady", failed
+        assert f"rendezvous store pod {name}-rdzv" in failed["message"], failed
+        assert "StoreImagePullFailed" in failed["message"], failed
+        assert status.get("preemptions", 0) == 0 and status.get("restarts", 0) == 0, status
+        # The operator posts events after the status write that the wait above saw: wait.
+        wait_for(f"{name}: the RendezvousStoreNotReady event",
+                 lambda name=name: "RendezvousStoreNotReady" in event_reasons(k, ns, name),
+                 timeout=60)
