@@ -50,7 +50,7 @@ VALIDATION_STEP = Gauge(_P + "validation_step", "The step of the latest validati
 # A timestamp rather than an age: Prometheus computes the age (time() - ...) at query time.
 LAST_CHECKPOINT_TIME = Gauge(_P + "last_checkpoint_timestamp_seconds",
                              "Unix time of the newest committed checkpoint", registry=REGISTRY)
-# kind is one of checkpoint.diagnose.KINDS (bounded).
+# kind is one of checkpoint.problems.KINDS (bounded).
 CHECKPOINT_FAILURES = Counter(_P + "checkpoint_failures",
                               "Checkpoint saves and start-up checks of the location that failed",
                               ["kind"], registry=REGISTRY)

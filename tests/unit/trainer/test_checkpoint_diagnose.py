@@ -15,8 +15,9 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from elastrain_trainer import metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
-from elastrain_trainer.checkpoint.diagnose import diagnose, explain_os_error
+from elastrain_trainer.checkpoint.diagnose import diagnose
 from elastrain_trainer.checkpoint.local import LocalStorage
+from elastrain_trainer.checkpoint.problems import Explanation, explain_os_error
 from elastrain_trainer.checkpoint.s3 import S3Storage
 
 ENDPOINT = "http://127.0.0.1:9"  # nothing is ever sent: the errors below are made by hand
@@ -91,6 +92,33 @@ def test_file_errors_refuse_or_may_recover(code: int, kind: str, permanent: bool
     assert (why.kind, why.permanent) == (kind, permanent)
     # Never the errno's text: "Connection reset by peer" reads like a lost training peer.
     assert "strerror text" not in why.reason and errno.errorcode[code] in why.reason
+
+
+def test_each_backend_tells_its_own_errors_and_a_users_storage_reads_as_os_errors(
+        tmp_path: Path) -> None:
+    class Mine:  # a storage of the user's own: the protocol's methods, no explain_error
+        uri = "mem://ckpt"
+
+        def write(self, key: str, data: bytes | bytearray | memoryview) -> None: ...
+        def read(self, key: str) -> bytes: return b""
+        def exists(self, key: str) -> bool: return False
+        def list(self, prefix: str = "") -> list[str]: return []
+        def delete(self, keys: Any) -> None: ...
+
+    problem = diagnose(Mine(), OSError(errno.EACCES, "x"), action="write", key="k")  # type: ignore[arg-type]
+    assert problem.kind == "access_denied" and problem.permanent
+    assert problem.message.endswith("(on write mem://ckpt/k; custom storage)"), problem.message
+
+    class Told(LocalStorage):  # a backend's own reading wins over the OSError's
+        def explain_error(self, error: BaseException, action: str) -> Explanation:
+            return Explanation("store_error", False, f"told: {action}")
+
+        def describe_access(self) -> str:
+            return "by hand"
+
+    problem = diagnose(Told(tmp_path), OSError(errno.EACCES, "x"), action="read")
+    assert (problem.kind, problem.permanent) == ("store_error", False)
+    assert problem.message == f"told: read (on read file://{tmp_path}; by hand)"
 
 
 def test_failed_saves_count_until_one_commits(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import fsspec
 
-from elastrain_trainer.checkpoint.diagnose import (
+from elastrain_trainer.checkpoint.problems import (
     ACCESS_DENIED,
     CREDENTIALS,
     NO_BUCKET,
@@ -90,6 +90,12 @@ class FsspecStorage:
     @property
     def uri(self) -> str:
         return f"{self._scheme}://{self.root.lstrip('/') if self._scheme != 'file' else self.root}"
+
+    def explain_error(self, error: BaseException, action: str) -> Explanation:
+        return explain(error)
+
+    def describe_access(self) -> str:
+        return describe_access(self)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key

@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from elastrain_trainer.checkpoint.problems import Explanation, explain_os_error
+
 
 class LocalStorage:
     """Keys map to files under `root`; writes go to a temp file, fsync, then rename."""
@@ -18,6 +20,12 @@ class LocalStorage:
     @property
     def uri(self) -> str:
         return f"file://{self.root}"
+
+    def explain_error(self, error: BaseException, action: str) -> Explanation:
+        return explain_os_error(error)
+
+    def describe_access(self) -> str:
+        return f"as uid {os.getuid()}"
 
     def _path(self, key: str) -> Path:
         return self.root / key

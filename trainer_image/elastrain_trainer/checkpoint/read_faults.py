@@ -22,15 +22,16 @@ from typing import Any, Generic, TypeVar
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from elastrain_trainer.checkpoint.diagnose import OTHER, diagnose
+from elastrain_trainer.checkpoint.diagnose import diagnose
 from elastrain_trainer.checkpoint.manifest import CorruptCheckpointError
 from elastrain_trainer.checkpoint.precheck import CheckpointLocationError
+from elastrain_trainer.checkpoint.problems import OTHER
 from elastrain_trainer.checkpoint.storage import CheckpointStorage
 
 T = TypeVar("T")
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 15.0
-INCOMPATIBLE = "incompatible"  # a `kind` beside checkpoint.diagnose.KINDS: not the store's fault
+INCOMPATIBLE = "incompatible"  # a `kind` beside checkpoint.problems.KINDS: not the store's fault
 
 
 class StoreFault(RuntimeError):

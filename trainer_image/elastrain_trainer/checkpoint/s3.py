@@ -27,7 +27,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from elastrain_trainer.checkpoint.diagnose import (
+from elastrain_trainer.checkpoint.problems import (
     ACCESS_DENIED,
     CREDENTIALS,
     NO_BUCKET,
@@ -154,6 +154,12 @@ class S3Storage:
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def explain_error(self, error: BaseException, action: str) -> Explanation:
+        return explain(self, error, action)
+
+    def describe_access(self) -> str:
+        return describe_access(self)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key

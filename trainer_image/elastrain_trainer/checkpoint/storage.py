@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
+from elastrain_trainer.checkpoint.problems import Explanation
+
 
 class ObjectSizeError(ValueError):
     """The object exists but is not the size the reader was told (read_into)."""
@@ -72,3 +74,15 @@ class StreamingStorage(CheckpointStorage, Protocol):
 def join(*parts: str) -> str:
     """Join key parts with '/', ignoring empty parts."""
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+@runtime_checkable
+class ExplainingStorage(CheckpointStorage, Protocol):
+    """A backend that says what its own errors mean (checkpoint.diagnose): every one shipped.
+    A storage of the user's own need not: its errors are read as OSErrors."""
+
+    def explain_error(self, error: BaseException, action: str) -> Explanation:
+        """What `error`, raised by `action` (list, write, read, delete, save), means."""
+
+    def describe_access(self) -> str:
+        """Where and as whom this storage reaches its store, for messages (never a secret)."""
