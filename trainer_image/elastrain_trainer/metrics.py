@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -186,11 +185,53 @@ def desired_replicas() -> int | None:
         return _progress.desired_replicas
 
 
-def _heard_replicas(query: str) -> None:
-    values = parse_qs(query).get("replicas", [])
-    if values and values[-1].isdigit() and int(values[-1]) > 0:
-        with _lock:
-            _progress.desired_replicas = int(values[-1])
+# The operator's control channel (issue 34 item 6): only a request that bears the job's control
+# token (a file from the job's Secret, read per request so a rotated Secret takes effect) may
+# change what the trainer does; /progress and /metrics are read-only for everyone.
+CONTROL_TOKEN_FILE_ENV = "ELASTRAIN_CONTROL_TOKEN_FILE"
+MAX_CONTROL_BODY = 4096
+
+
+class ControlRefused(Exception):
+    """(status, reason) of a control request that changes nothing."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def _control_token() -> str | None:
+    path = os.environ.get(CONTROL_TOKEN_FILE_ENV)
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def apply_control(authorization: str | None, body: bytes) -> None:
+    """A control request: `Authorization: Bearer <token>`, a JSON object `{"replicas": N}`.
+    ControlRefused (and nothing changed) unless the token is the job's."""
+    import hmac
+
+    token = _control_token()
+    if token is None:
+        raise ControlRefused(403, "this trainer has no control token: control is off")
+    scheme, _, offered = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip().encode(),
+                                                             token.encode()):
+        raise ControlRefused(401, "not the job's control token")
+    try:
+        message = json.loads(body)
+    except ValueError as e:
+        raise ControlRefused(400, f"the body is not JSON: {e}") from None
+    replicas = message.get("replicas") if isinstance(message, dict) else None
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ControlRefused(400, '"replicas" must be a whole number of at least 1')
+    with _lock:
+        _progress.desired_replicas = replicas
 
 
 def record_resumed(step: int) -> None:
@@ -352,17 +393,40 @@ def _rfc3339(moment: datetime) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        path, _, query = self.path.partition("?")
+        path = self.path.partition("?")[0]  # a query changes nothing (see apply_control)
         seq = 0
         if path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif path == "/progress":
-            _heard_replicas(query)
             seq, document = _served_progress_document()
             body, ctype = json.dumps(document).encode(), "application/json"
         else:
             self.send_error(404)
             return
+        self._reply(body, ctype, seq)
+
+    def do_POST(self) -> None:
+        """POST /control: the operator's; answers the /progress document, so one request
+        per poll both tells and reads."""
+        if self.path.partition("?")[0] != "/control":
+            self.send_error(404)
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_CONTROL_BODY:
+            self.send_error(413 if length > MAX_CONTROL_BODY else 411)
+            return
+        try:
+            apply_control(self.headers.get("Authorization"), self.rfile.read(length))
+        except ControlRefused as refused:
+            self.send_error(refused.status, str(refused))
+            return
+        seq, document = _served_progress_document()
+        self._reply(json.dumps(document).encode(), "application/json", seq)
+
+    def _reply(self, body: bytes, ctype: str, seq: int) -> None:
         self.send_response(200)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))

@@ -1,0 +1,67 @@
+"""Only the operator steers a trainer (issue 34 item 6): a GET of /progress, whatever its query,
+changes nothing; POST /control changes the desired world only with the job's control token.
+A real HTTP server (metrics.serve) on loopback."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_trainer import metrics
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    server = metrics.serve(0, host="127.0.0.1")
+    with metrics._lock:
+        metrics._progress.desired_replicas = None
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+
+
+def post(port: int, body: Any, token: str | None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/control", method="POST",
+                                 data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as rsp:
+            return rsp.status, json.loads(rsp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def test_a_scrape_with_a_replicas_query_changes_nothing(port: int) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress?replicas=1", timeout=5):
+        pass
+    assert metrics.desired_replicas() is None
+
+
+def test_control_needs_the_jobs_token(port: int, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    status, _ = post(port, {"replicas": 1}, "anything")
+    assert status == 403 and metrics.desired_replicas() is None  # no token file: control off
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    monkeypatch.setenv(metrics.CONTROL_TOKEN_FILE_ENV, str(token))
+    for wrong in (None, "", "s3cret", "s3cret-token-and-more"):
+        status, _ = post(port, {"replicas": 1}, wrong)
+        assert status == 401 and metrics.desired_replicas() is None, wrong
+    for bad in ({"replicas": 0}, {"replicas": True}, {"replicas": "2"}, [2]):
+        status, _ = post(port, bad, "s3cret-token")
+        assert status == 400 and metrics.desired_replicas() is None, bad
+    status, document = post(port, {"replicas": 3}, "s3cret-token")
+    assert status == 200 and metrics.desired_replicas() == 3
+    assert "step" in document and "checkpointHealth" in document  # the /progress document
+    token.write_text("rotated\n")  # read per request: a rotated Secret takes effect
+    assert post(port, {"replicas": 2}, "s3cret-token")[0] == 401
+    assert post(port, {"replicas": 2}, "rotated")[0] == 200 and metrics.desired_replicas() == 2
