@@ -29,10 +29,23 @@ def progress_url(ip: str, port: int, replicas: int | None) -> str:
     return f"http://{host}:{port}/progress{query}"
 
 
+def control_url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/control"
+
+
 def fetch_progress(ip: str, port: int, replicas: int | None = None,
-                   timeout: float = TIMEOUT_SECONDS) -> ProgressReport | None:
+                   timeout: float = TIMEOUT_SECONDS, token: str | None = None,
+                   ) -> ProgressReport | None:
+    """The trainer's progress; with `token` and `replicas`, told on the control channel
+    (POST /control, which answers the same document) instead of the query."""
+    request: str | urllib.request.Request = progress_url(ip, port, replicas)
+    if token is not None and replicas is not None:
+        request = urllib.request.Request(
+            control_url(ip, port), method="POST", data=json.dumps({"replicas": replicas}).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(progress_url(ip, port, replicas), timeout=timeout) as rsp:
+        with urllib.request.urlopen(request, timeout=timeout) as rsp:
             return parse_progress(json.loads(rsp.read(65536)))
     except (OSError, ValueError):
         return None

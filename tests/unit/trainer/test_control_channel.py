@@ -65,3 +65,17 @@ def test_control_needs_the_jobs_token(port: int, tmp_path: Path,
     token.write_text("rotated\n")  # read per request: a rotated Secret takes effect
     assert post(port, {"replicas": 2}, "s3cret-token")[0] == 401
     assert post(port, {"replicas": 2}, "rotated")[0] == 200 and metrics.desired_replicas() == 2
+
+
+def test_the_operators_poll_tells_the_desired_world_with_the_jobs_token(
+        port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastrain_operator.control import job_token
+    from elastrain_operator.probe import fetch_progress
+
+    token = job_token(b"operator key", "uid-1")
+    (tmp_path / "token").write_text(token)
+    monkeypatch.setenv(metrics.CONTROL_TOKEN_FILE_ENV, str(tmp_path / "token"))
+    assert fetch_progress("127.0.0.1", port, replicas=2, token=job_token(b"other", "uid-1")) \
+        is None and metrics.desired_replicas() is None
+    report = fetch_progress("127.0.0.1", port, replicas=2, token=token)
+    assert report is not None and metrics.desired_replicas() == 2
