@@ -1,16 +1,22 @@
-"""Poll the trainers' `GET /progress` (see policy.progress for the contract).
+"""Poll the trainers' `GET /progress` (see policy.progress for the contract); tell in-process
+trainers the desired world on the control channel.
 
-In-process jobs are asked `GET /progress?replicas=<desired workers>`: how their trainers learn
-the desired world after `kubectl scale` (and so who waits as a spare). Restart-mode jobs are asked
-the plain path, as before: a trainer image older than the query answers any other path 404.
+In-process jobs are asked `POST /control` with the job's token (control.py) and `{"replicas":
+<desired workers>}`: how their trainers learn the desired world after `kubectl scale` (and so
+who waits as a spare); the answer is the same progress document. A trainer that refuses the
+token (its job's Secret holds another key's, or it has none: pods from before the channel) is
+read with the plain GET and a warning says why it cannot be steered. Restart-mode jobs are asked
+the plain path.
 
-Short timeouts and every failure ignored: progress is nice to have, never a reason for a
+Short timeouts and every other failure ignored: progress is nice to have, never a reason for a
 reconcile to fail or stall. At most MAX_POLLED Ready workers are asked, in parallel.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,46 +25,70 @@ from elastrain_operator.model.spec import TrainingJobSpec
 from elastrain_operator.policy.failures import WorkerPod, answers_progress
 from elastrain_operator.policy.progress import ProgressReport, parse_progress
 
+log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 1.0
 MAX_POLLED = 8
 
 
-def progress_url(ip: str, port: int, replicas: int | None) -> str:
-    host = f"[{ip}]" if ":" in ip else ip
-    query = "" if replicas is None else f"?replicas={replicas}"
-    return f"http://{host}:{port}/progress{query}"
-
-
-def control_url(ip: str, port: int) -> str:
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}/control"
+def _base(ip: str, port: int) -> str:
+    return f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
 
 
 def fetch_progress(ip: str, port: int, replicas: int | None = None,
                    timeout: float = TIMEOUT_SECONDS, token: str | None = None,
                    ) -> ProgressReport | None:
-    """The trainer's progress; with `token` and `replicas`, told on the control channel
-    (POST /control, which answers the same document) instead of the query."""
-    request: str | urllib.request.Request = progress_url(ip, port, replicas)
+    """The trainer's progress; with `token` and `replicas`, the desired world told on the
+    control channel first (which answers the same document)."""
     if token is not None and replicas is not None:
         request = urllib.request.Request(
-            control_url(ip, port), method="POST", data=json.dumps({"replicas": replicas}).encode(),
+            f"{_base(ip, port)}/control", method="POST",
+            data=json.dumps({"replicas": replicas}).encode(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as rsp:
+                return parse_progress(json.loads(rsp.read(65536)))
+        except urllib.error.HTTPError as err:
+            if err.code not in (401, 403, 404, 501):
+                return None
+            _refused(ip, port, err.code)
+        except (OSError, ValueError):
+            return None
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as rsp:
+        with urllib.request.urlopen(f"{_base(ip, port)}/progress", timeout=timeout) as rsp:
             return parse_progress(json.loads(rsp.read(65536)))
     except (OSError, ValueError):
         return None
 
 
-def poll_progress(workers: Sequence[WorkerPod], port: int,
-                  replicas: int | None = None) -> tuple[ProgressReport, ...]:
-    """`replicas`: the desired workers to tell every trainer (None: ask the plain path)."""
+_warned: set[tuple[str, int, int]] = set()  # (ip, port, status): each said once
+
+
+def _refused(ip: str, port: int, code: int) -> None:
+    if (ip, port, code) in _warned:
+        return
+    if len(_warned) > 1000:  # pod IPs come and go: forget, and warn again, rather than grow
+        _warned.clear()
+    _warned.add((ip, port, code))
+    why = {401: "it holds another control token (its job's Secret was made under another "
+                "operator key: set ELASTRAIN_CONTROL_KEY, the chart does; deleting the job's "
+                "<job>-control Secret lets its next new pod bring the current one)",
+           403: "it has no control token (a pod from before the control channel)",
+           404: "it serves no control channel (an older trainer image)",
+           501: "it serves no control channel (an older trainer image)"}[code]
+    log.warning("the trainer at %s refused the desired world (%d): %s; its progress is read, "
+                "but it keeps the world it knows until its pod is replaced", ip, code, why)
+
+
+def poll_progress(workers: Sequence[WorkerPod], port: int, replicas: int | None = None,
+                  token: str | None = None) -> tuple[ProgressReport, ...]:
+    """`replicas`: the desired workers to tell every trainer, with the job's control `token`
+    (either None: ask the plain path)."""
     targets = [w.pod_ip for w in workers if answers_progress(w)][:MAX_POLLED]
     if not targets or not port:
         return ()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        reports = list(pool.map(lambda ip: fetch_progress(ip, port, replicas), targets))
+        reports = list(pool.map(
+            lambda ip: fetch_progress(ip, port, replicas, token=token), targets))
     return tuple(r for r in reports if r is not None)
 
 

@@ -1,8 +1,8 @@
 """Exactly what the operator does to the API, as RBAC rules the Helm chart mirrors.
 
-A unit test checks the chart grants these and nothing else, in each mode. No Secrets, no Nodes:
-problems with Secrets are read from the pods' waiting reasons, and node loss arrives as a pod
-condition.
+A unit test checks the chart grants these and nothing else, in each mode. Secrets: create only
+(each in-process job's control Secret, control.py), never read: problems with the user's Secrets
+are read from the pods' waiting reasons. No Nodes: node loss arrives as a pod condition.
 
 Each rule says where it is granted and when it is needed at all:
 - `cluster_scoped=False`: rights over objects inside a namespace. A namespaced operator
@@ -47,6 +47,8 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(("networking.k8s.io",), ("networkpolicies",),
          ("get", "list", "watch", "create", "patch", "delete")),
     Rule(("",), ("events",), ("create", "patch")),  # ours and kopf's (core v1 events)
+    # Each in-process job's control Secret (control.py): created, never read or changed.
+    Rule(("",), ("secrets",), ("create",)),
     # kopf peering: which replica acts; the operator creates its peering object when missing.
     Rule(("kopf.dev",), ("kopfpeerings",), ("get", "list", "watch", "patch", "create"),
          mode="namespaced", peering=True),

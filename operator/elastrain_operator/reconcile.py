@@ -26,24 +26,28 @@ from datetime import UTC, datetime, timedelta
 from pydantic import ValidationError
 
 from elastrain_operator import metrics
+from elastrain_operator.control import job_token
 from elastrain_operator.k8s.apply import (
     StatusConflict,
     apply_children,
+    create_child,
     delete_job,
     release_pod,
     write_status,
 )
 from elastrain_operator.k8s.cache import Cache, Key
-from elastrain_operator.k8s.client import Kube, Manifest
+from elastrain_operator.k8s.client import Kube, KubeError, Manifest
 from elastrain_operator.k8s.events import post_events
 from elastrain_operator.k8s.observe import observe, orphaned_pods, read_job
 from elastrain_operator.model import conditions as c
+from elastrain_operator.model.names import LABEL_ROLE, ROLE_WORKER
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.probe import poll_progress, told_replicas
+from elastrain_operator.render.control import controlled, render_control_secret
 from elastrain_operator.render.network import MetricsPeers
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,14 @@ class Options:
     clock: Callable[[], datetime] = utcnow
     cache: Cache | None = None  # the watch-fed view; None: observe everything live
     network: MetricsPeers | None = None  # each job gets its NetworkPolicy; None: no policies
+    control_key: bytes | None = None  # the operator's (control.py); None: no control channel
+
+
+def control_token(options: Options, job: TrainingJob) -> str | None:
+    """The job's control token, for a job the operator steers while it runs."""
+    if options.control_key is None or not controlled(job):
+        return None
+    return job_token(options.control_key, job.metadata.uid)
 
 
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
@@ -92,7 +104,8 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
     if options.poll_progress:
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
-            observed.workers, spec.metrics_port, told_replicas(spec)))
+            observed.workers, spec.metrics_port, told_replicas(spec),
+            token=control_token(options, cached.job)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -170,7 +183,8 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     elif options.poll_progress:
         if not polled:
             polled.append(poll_progress(observed.workers, job.spec.metrics_port,
-                                        told_replicas(job.spec)))
+                                        told_replicas(job.spec),
+                                        token=control_token(options, job)))
         observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:
@@ -178,6 +192,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         if options.cache is not None and written:
             options.cache.put_job(written, written=True)  # the next check plans from it
     since = options.cache.begin() if options.cache is not None else None
+    secret_errors = _ensure_control_secret(kube, job, p.create, control_token(options, job))
     applied = apply_children(kube, ns, delete=p.delete_pods,
                              release=p.release_pods + children.orphans, create=p.create)
     if options.cache is not None and since is not None:
@@ -186,7 +201,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     if p.delete_job:
         delete_job(kube, ns, job.metadata.name)
     events = list(p.events) + [EventSpec("Warning", c.CREATE_FAILED, e)
-                               for e in applied.create_errors]
+                               for e in secret_errors + applied.create_errors]
     post_events(kube, raw, events, now)
     metrics.record_workers_created(applied.workers_created)
     metrics.record_losses(restarts=p.counted_restarts, preemptions=p.counted_preemptions)
@@ -223,6 +238,24 @@ def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: da
         except StatusConflict:
             return
         post_events(kube, raw, [EventSpec("Warning", c.INVALID_SPEC, message)], now)
+
+
+def _ensure_control_secret(kube: Kube, job: TrainingJob, create: tuple[Manifest, ...],
+                           token: str | None) -> tuple[str, ...]:
+    """The job's control Secret, before any worker pod that mounts it: created with each round
+    that creates workers (one request; it already exists but the first time), never read or
+    changed (the operator may create Secrets, not read or update them). Not watched, so never
+    expected in the cache."""
+    if token is None or not any(m["kind"] == "Pod" and m["metadata"]["labels"].get(LABEL_ROLE)
+                                == ROLE_WORKER for m in create):
+        return ()
+    secret = render_control_secret(job, token)
+    try:
+        create_child(kube, secret)
+    except KubeError as err:
+        log.warning("creating %s failed: %s", secret["metadata"]["name"], err)
+        return (f"Secret {secret['metadata']['name']}: {err}",)
+    return ()
 
 
 class JobGate:

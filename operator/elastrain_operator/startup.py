@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from elastrain_operator import metrics
+from elastrain_operator.control import load_key
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
 from elastrain_operator.network_settings import NetworkPolicySettings
@@ -67,6 +68,7 @@ class OperatorState:
     tickers: Tickers = field(default_factory=Tickers)
     last_progress_poll: dict[str, float] = field(default_factory=dict)
     network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+    control_key: bytes | None = None  # control.py; loaded at startup
     _deleted: dict[Key, set[str]] = field(default_factory=dict)  # key -> uids of deleted jobs
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -81,7 +83,8 @@ class OperatorState:
         try:
             network = self.network.peers if self.network.enabled else None
             reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache,
-                                                        network=network))
+                                                        network=network,
+                                                        control_key=self.control_key))
         finally:
             # Here rather than on the DELETED event: a round of the job in flight then would
             # record it again after. Rounds of one key never overlap, and the event queues one.
@@ -140,6 +143,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # every cancellation_polling seconds (60 by default). Any other deletion: tickers.py.
     settings.background.cancellation_polling = 1.0
     state.network = options.network
+    state.control_key = load_key()
     if options.network.enabled and options.network.peers.operator is None:
         log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
                     "leaves the workers' metrics/progress port open to every pod")

@@ -5,13 +5,16 @@ pods: 3 train, 1 waits with torch imported and its model built, answering the op
 with `"role": "spare"` (status.readySpares 1, WORKERS 3/3). A member pod is evicted: at the next
 step boundary the spare takes its place, healed from a live peer, so the world never drops
 below 3; the survivors and the spare keep their processes; the loss is one preemption, 0 steps
-are lost; the operator's replacement pod becomes the new spare. The join time (eviction ->
+are lost; the operator's replacement pod becomes the new spare. Then `kubectl scale` to 4: the
+operator tells the trainers on its control channel (docs/recovery.md section 9), and the
+waiting spare is taken in, in its process. The join time (eviction ->
 first step at world 3 again) is recorded beside scenario 1's, where the world is whole again
 only once the replacement pod has started, imported torch and joined.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.e2e.conftest import NodeCluster
@@ -84,4 +87,15 @@ def test_16_a_spare_takes_an_evicted_workers_place_and_the_replacement_waits(
         recovery = t.counted_once_in_process(before, member, at)
         print(f"evicted {member}: spare {spare} healed from {joined['healed_from']}, world 3 "
               f"again {join_s:.2f} s after the eviction; lastRecovery {recovery}")
+        # `kubectl scale` reaches the trainers only on the operator's control channel (POST
+        # /control with the job's token from its Secret; a GET changes nothing): the waiting
+        # spare is taken in, in its process, at a world of 4.
+        (new_spare,) = waiting_spares(logs)
+        scaled = time.time()
+        k("scale", "trainingjob", JOB, "-n", ns, "--replicas=4")
+        grown = wait_for("the spare taken in at world 4", lambda: next(
+            (r for r in logs.events("regroup") if float(r["time"]) > scaled
+             and r["pod"] == new_spare and r.get("world_size") == 4), None), timeout=120)
+        print(f"scaled to 4: {new_spare} taken in ({grown['reason']}) "
+              f"{float(grown['time']) - scaled:.2f} s after kubectl scale")
     k("delete", "trainingjob", JOB, "-n", ns, "--wait=true", "--timeout=120s", check=False)

@@ -100,7 +100,7 @@ class _Progress:
     # InProcess with spares: "member" (in the world) or "spare" (waiting beyond it); None
     # before a plan named this node, and in Restart mode (left out of the document then).
     role: str | None = None
-    # The desired world (spec.replicas) from the operator's poll, `/progress?replicas=N`.
+    # The desired world (spec.replicas) from the operator's `POST /control` (apply_control).
     desired_replicas: int | None = None
 
 
@@ -180,7 +180,7 @@ def record_role(role: str) -> None:
 
 
 def desired_replicas() -> int | None:
-    """What the operator's latest `/progress?replicas=N` said (None: not polled yet)."""
+    """What the operator's latest `POST /control` said (None: not told yet)."""
     with _lock:
         return _progress.desired_replicas
 

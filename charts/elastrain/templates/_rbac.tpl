@@ -28,6 +28,10 @@ namespace is watched); cluster-scoped rules always need a ClusterRole.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Each in-process job's control Secret: created, never read or changed.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- if and $namespaces .Values.peering.enabled }}
 # kopf peering in each watched namespace.
 - apiGroups: ["kopf.dev"]

@@ -74,8 +74,8 @@ def release_pod(kube: Kube, namespace: str, name: str) -> None:
 def create_child(kube: Kube, manifest: Manifest) -> bool:
     """True when created, False when it already existed."""
     meta = manifest["metadata"]
-    plural = {"Pod": "pods", "Service": "services",
-              "NetworkPolicy": "networkpolicies"}[manifest["kind"]]
+    plural = {"Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
+              "Secret": "secrets"}[manifest["kind"]]
     return kube.create(namespaced(manifest["apiVersion"], meta["namespace"], plural),
                        manifest) is not None
 

@@ -16,6 +16,7 @@ LABEL_ATTEMPT: Final = f"{LABEL_PREFIX}/attempt"     # the slot's attempt the po
 ROLE_WORKER: Final = "worker"
 ROLE_STORE: Final = "rdzv-store"
 ROLE_NETWORK: Final = "network-policy"  # the job's NetworkPolicy (no pods carry it)
+ROLE_CONTROL: Final = "control"  # the Secret holding the job's control token (control.py)
 
 # Kubernetes' own Job controller keeps pods with a finalizer until it has counted them
 # (batch.kubernetes.io/job-tracking); ours does the same for worker pods, see WorkerSlot.
@@ -56,6 +57,11 @@ def store_name(job: str) -> str:
 def network_policy_name(job: str) -> str:
     """The job's NetworkPolicy (render.network)."""
     return f"{job}-network"
+
+
+def control_secret_name(job: str) -> str:
+    """The Secret with the job's control token, which its in-process workers mount."""
+    return f"{job}-control"
 
 
 def store_host(job: str, namespace: str) -> str:

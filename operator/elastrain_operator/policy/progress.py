@@ -8,8 +8,9 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 "role": "member"|"spare"}` (the last six are newer: older trainers leave them out; `role` only
 in-process trainers send, once a plan named them).
 The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored;
-in-process jobs as `GET /progress?replicas=<desired workers>`, how their trainers learn the
-desired world after a scale: see probe) and keeps the largest step. So the operator needs no
+in-process jobs on the control channel, `POST /control` with the job's token and the desired
+workers, which answers the same document: how their trainers learn the desired world after a
+scale, see probe and control) and keeps the largest step. So the operator needs no
 object-store credentials and the workers need no RBAC.
 
 Warm spares (spec.spares): a trainer that waits beyond the world reports role "spare". It trains

@@ -18,6 +18,7 @@ from typing import Any
 
 from elastrain_operator.model.names import store_host
 from elastrain_operator.model.spec import TrainingJobSpec
+from elastrain_operator.render.control import TOKEN_FILE, TOKEN_FILE_ENV
 
 # torchrun with worker-group restarts that wait as long as stops (elastrain_trainer.launch).
 DEFAULT_COMMAND = ("python", "-m", "elastrain_trainer.launch", "-m", "elastrain_trainer")
@@ -105,8 +106,9 @@ def render_inprocess_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "ELASTRAIN_MAX_REPLICAS": str(spec.effective_max_replicas),
         "ELASTRAIN_MIN_REPLICAS": str(spec.min_replicas),
         # With spares the world is the desired one (ELASTRAIN_REPLICAS until the operator's
-        # /progress?replicas= poll says otherwise); the nodes beyond it wait as spares.
+        # POST /control says otherwise); the nodes beyond it wait as spares.
         "ELASTRAIN_SPARES": str(spec.spares),
+        TOKEN_FILE_ENV: TOKEN_FILE,  # the job's control token (render/control.py)
         "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(spec.recovery.heartbeat_timeout_seconds),
     }
 

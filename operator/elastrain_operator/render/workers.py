@@ -23,6 +23,7 @@ from elastrain_operator.model.names import (
     worker_service_name,
 )
 from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.control import control_volume, controlled
 from elastrain_operator.render.env import render_command, render_worker_env
 from elastrain_operator.render.meta import Manifest, child_metadata
 from elastrain_operator.render.security import (
@@ -66,6 +67,10 @@ def _mounts(job: TrainingJob) -> tuple[list[Manifest], list[Manifest]]:
         if mount["mountPath"] not in taken:
             volumes.append(volume)
             mounts.append(mount)
+    if controlled(job):
+        volume, mount = control_volume(job)
+        volumes.append(volume)
+        mounts.append(mount)
     return volumes, mounts
 
 

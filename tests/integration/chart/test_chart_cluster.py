@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.integration.chart.conftest import Installer
+from tests.integration.chart.conftest import Installer, helm
 from tests.integration.conftest import kubectl
 from tests.unit.chart.chartlib import CHART, CI_VALUES, operator_rules, render_text
 
@@ -76,6 +76,24 @@ def test_helm_install_on_the_real_apiserver(install_chart: Installer, monitoring
     objects = json.loads(kubectl(monitoring_crds, "get", "deployment,serviceaccount",
                                  "-n", kube_namespace, "-o", "json").stdout)["items"]
     assert {o["kind"] for o in objects} >= {"Deployment", "ServiceAccount"}
+
+
+def test_the_control_key_is_made_once_and_kept_across_upgrades(
+        install_chart: Installer, monitoring_crds: Any, kube_namespace: str) -> None:
+    """Each in-process job's control token is an HMAC under this key (control.py): a new key at
+    an upgrade would lock the operator out of every running job."""
+    name = f"ck-{kube_namespace[-8:]}"
+
+    def key() -> str:
+        secret = json.loads(kubectl(monitoring_crds, "get", "secret", f"{name}-control-key",
+                                    "-n", kube_namespace, "-o", "json").stdout)
+        return str(secret["data"]["key"])
+
+    release, _ = install_chart(kube_namespace, "--set", f"fullnameOverride={name}")
+    before = key()
+    helm(monitoring_crds, "upgrade", release, str(CHART), "--namespace", kube_namespace,
+         "--set", f"fullnameOverride={name}", "--set", "replicaCount=1")
+    assert key() == before
 
 
 # --- the operator's identity ---------------------------------------------------------------

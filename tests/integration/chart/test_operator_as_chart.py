@@ -6,6 +6,7 @@ the proof that the chart's least-privilege RBAC and flags are enough, not just a
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -110,8 +111,7 @@ def test_operator_works_with_exactly_the_charts_rbac_and_flags(
         monitoring_crds, kube_namespace, tmp_path / "kubeconfig")),
         "ELASTRAIN_TIMER_INTERVAL_SECONDS": "1", "ELASTRAIN_HANDLER_BACKOFF_SECONDS": "1"}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    for item in container["env"]:
-        env[item["name"]] = item.get("value", "operator-under-test")  # POD_ID's fieldRef
+    env.update(_container_env(monitoring_crds, container, kube_namespace, "operator-under-test"))
     log_path = tmp_path / "operator.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "elastrain_operator", *args], env=env,
@@ -130,6 +130,14 @@ def test_operator_works_with_exactly_the_charts_rbac_and_flags(
             "elastrain.dev/job-name=chart-identity,elastrain.dev/role=worker").stdout)["items"],
             60, logs)
         assert pods
+        # An in-process job (the built-in trainer's default): its control Secret, created
+        # under the chart's identity with the token of the chart's key (control.py).
+        from elastrain_operator.control import job_token
+        secret = json.loads(kubectl(monitoring_crds, "get", "secret", "chart-identity-control",
+                                    "-n", kube_namespace, "-o", "json").stdout)
+        uid = pods[0]["metadata"]["ownerReferences"][0]["uid"]
+        assert base64.b64decode(secret["data"]["token"]).decode() == job_token(
+            env["ELASTRAIN_CONTROL_KEY"].encode(), uid)
         _eventually("status.phase written", lambda: json.loads(kubectl(
             monitoring_crds, "get", "tj", "chart-identity", "-n", kube_namespace, "-o",
             "json").stdout).get("status", {}).get("phase"), 30, logs)
@@ -157,14 +165,30 @@ def test_operator_works_with_exactly_the_charts_rbac_and_flags(
     assert not lacking, "\n".join(lacking)
 
 
-def _start_replica(container: dict[str, Any], kubeconfig: Path, pod: str, log_path: Path,
-                   health: int, metrics: int) -> subprocess.Popen[bytes]:
+def _container_env(kube: Any, container: dict[str, Any], namespace: str,
+                   pod: str) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: POD_ID's fieldRef is the pod's
+    name, a secretKeyRef (the control key) is read from the Secret the chart installed."""
+    env: dict[str, str] = {}
+    for item in container["env"]:
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        if ref is not None:
+            secret = json.loads(kubectl(kube, "get", "secret", ref["name"], "-n", namespace,
+                                        "-o", "json").stdout)
+            env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        else:
+            env[item["name"]] = item.get("value", pod)
+    return env
+
+
+def _start_replica(kube: Any, namespace: str, container: dict[str, Any], kubeconfig: Path,
+                   pod: str, log_path: Path, health: int,
+                   metrics: int) -> subprocess.Popen[bytes]:
     """One operator replica as the chart's Deployment starts it; POD_ID is its pod's name."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "ELASTRAIN_TIMER_INTERVAL_SECONDS": "1",
            "ELASTRAIN_HANDLER_BACKOFF_SECONDS": "1"}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    for item in container["env"]:
-        env[item["name"]] = item.get("value", pod)  # POD_ID's fieldRef: metadata.name
+    env.update(_container_env(kube, container, namespace, pod))
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "elastrain_operator",
@@ -219,7 +243,8 @@ def test_charts_ha_values_run_two_replicas_of_which_one_acts(
                                              tmp_path / "kubeconfig")
     pods = [f"{SA}-replica-{i}" for i in range(2)]
     ports = {pod: (free_port(), free_port()) for pod in pods}
-    procs = {pod: _start_replica(container, kubeconfig, pod, tmp_path / f"{pod}.log", *ports[pod])
+    procs = {pod: _start_replica(monitoring_crds, kube_namespace, container, kubeconfig, pod,
+                                 tmp_path / f"{pod}.log", *ports[pod])
              for pod in pods}
 
     def logs() -> str:

@@ -6,13 +6,14 @@ torch imported and its model built, and answers /progress with `"role": "spare"`
 - a member killed without notice: the survivor and the spare form the next generation at
   world 2, the spare healed from the survivor (no checkpoint load), the survivor's worker kept;
 - a member's SIGTERM (notice): the spare takes its place at that step boundary, 0 steps lost;
-- the desired world the operator says on its poll (`GET /progress?replicas=N`): 3 takes the
-  spare in, 2 sets a member aside as a spare again (in its process); a SIGTERM to a spare ends
-  it with exit 0 and the world goes on.
+- the desired world the operator says on its control channel (`POST /control` with the job's
+  token, the file its pods mount): 3 takes the spare in, 2 sets a member aside as a spare again
+  (in its process); a SIGTERM to a spare ends it with exit 0 and the world goes on.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import urllib.request
@@ -34,9 +35,11 @@ def start_with_a_spare(pods: Pods, steps: int = 120) -> dict[str, int]:
     """a, b, c started together: replicas 2, spares 1 (the pods the operator creates). Returns
     each node's /progress port once 10 steps trained and one node reports itself a spare."""
     ports = {n: free_port() for n in ("a", "b", "c")}
+    (pods.root / "control-token").write_text(TOKEN)  # the job's Secret, as its pods mount it
     for node in ("a", "b", "c"):
         pods.start(node, 2, SPARES="1", MAX_REPLICAS="3", STEPS=str(steps),
-                   METRICS_PORT=str(ports[node]))
+                   METRICS_PORT=str(ports[node]),
+                   CONTROL_TOKEN_FILE=str(pods.root / "control-token"))
     wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
     wait_for(lambda: sorted(map(str, roles(ports).values())) == ["member", "member", "spare"],
              "two members and a spare in /progress")
@@ -117,10 +120,18 @@ def test_a_spare_takes_a_leaving_members_place_at_the_next_boundary(pods: Pods) 
     assert {w for _, w in steps} == {2}
 
 
+TOKEN = "the-jobs-control-token"
+
+
 def tell_replicas(port: int, replicas: int) -> None:
-    """The operator's poll, which carries the desired world (spec.replicas)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress?replicas={replicas}",
-                                timeout=5) as r:
+    """The operator's poll of an in-process job, which carries the desired world
+    (spec.replicas) on the control channel."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/control", method="POST",
+        data=json.dumps({"replicas": replicas}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        assert r.status == 200
         r.read()
 
 

@@ -288,10 +288,12 @@ def test_rules_are_marked_cluster_scoped_exactly_for_cluster_scoped_resources() 
         assert all((r in cluster_scoped) == rule.cluster_scoped for r in rule.resources), rule
 
 
-def test_rbac_has_no_wildcards_or_secrets(ci_render: list[Manifest]) -> None:
+def test_rbac_has_no_wildcards_and_never_reads_or_changes_secrets(
+        ci_render: list[Manifest]) -> None:
     for group, resource, verb in _granted(ci_render):
         assert "*" not in (group, resource, verb)
-        assert resource not in {"secrets", "nodes", "clusterroles", "clusterrolebindings"}
+        assert resource not in {"nodes", "clusterroles", "clusterrolebindings"}
+        assert resource != "secrets" or verb == "create"  # each job's control Secret only
         assert verb not in {"escalate", "bind", "impersonate"}
     assert ("elastrain.dev", "trainingjobs/status", "patch") in _granted(ci_render)
 
@@ -438,3 +440,31 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar() -> None:
     dashboard = json.loads(cm["data"]["elastrain.json"])
     assert dashboard["panels"]
     assert json.loads((CHART / "files" / "dashboards" / "elastrain.json").read_text()) == dashboard
+
+
+# --- the control key (elastrain_operator/control.py) ----------------------------------------
+
+def _control_key_ref(docs: list[Manifest]) -> Manifest:
+    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in _container(docs)["env"]
+              if e["name"] == "ELASTRAIN_CONTROL_KEY"]
+    return dict(ref)
+
+
+def test_the_operator_gets_a_control_key_the_chart_keeps() -> None:
+    import base64
+    docs = render(release="ops", namespace="platform")
+    secret = one(docs, "Secret")
+    assert secret["metadata"]["namespace"] == "platform"
+    key = base64.b64decode(secret["data"]["key"]).decode()
+    assert len(key) == 64 and key.isalnum()
+    assert _control_key_ref(docs) == {"name": secret["metadata"]["name"], "key": "key"}
+    # Offline (no cluster to look the Secret up in) each render makes a new key: the reason
+    # for control.existingSecret.
+    assert base64.b64decode(one(render(release="ops", namespace="platform"), "Secret")[
+        "data"]["key"]).decode() != key
+
+
+def test_an_existing_secret_holds_the_control_key_instead() -> None:
+    docs = render(sets=["control.existingSecret=my-key"])
+    assert not of_kind(docs, "Secret")
+    assert _control_key_ref(docs) == {"name": "my-key", "key": "key"}

@@ -139,3 +139,30 @@ def test_store_defaults_to_the_job_image_and_service_targets_it() -> None:
     assert svc["spec"]["selector"] == {"elastrain.dev/job-name": "demo",
                                        "elastrain.dev/role": "rdzv-store"}
     assert svc["spec"]["ports"][0]["port"] == 29400
+
+
+def test_an_in_process_worker_mounts_its_jobs_control_token_and_a_restart_one_does_not() -> None:
+    import base64
+
+    from elastrain_operator.render.control import render_control_secret
+
+    pod = render_worker_pod(job(recovery={"mode": "InProcess"}), 0, 0)
+    spec, (container,) = pod["spec"], pod["spec"]["containers"]
+    assert {"name": "elastrain-control", "secret": {
+        "secretName": "demo-control", "items": [{"key": "token", "path": "token"}]}} \
+        in spec["volumes"]
+    assert {"name": "elastrain-control", "mountPath": "/var/run/elastrain/control",
+            "readOnly": True} in container["volumeMounts"]
+    assert {"name": "ELASTRAIN_CONTROL_TOKEN_FILE",
+            "value": "/var/run/elastrain/control/token"} in container["env"]
+
+    secret = render_control_secret(job(recovery={"mode": "InProcess"}), "t0ken")
+    assert secret["metadata"]["name"] == "demo-control"
+    assert secret["metadata"]["ownerReferences"] == [OWNER]
+    assert secret["metadata"]["labels"]["elastrain.dev/job-name"] == "demo"
+    assert base64.b64decode(secret["data"]["token"]) == b"t0ken"
+
+    restart = render_worker_pod(job(), 0, 0)
+    assert not [v for v in restart["spec"]["volumes"] if "secret" in v]
+    assert "ELASTRAIN_CONTROL_TOKEN_FILE" not in {
+        e["name"] for e in restart["spec"]["containers"][0]["env"]}

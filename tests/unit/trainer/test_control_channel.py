@@ -75,7 +75,8 @@ def test_the_operators_poll_tells_the_desired_world_with_the_jobs_token(
     token = job_token(b"operator key", "uid-1")
     (tmp_path / "token").write_text(token)
     monkeypatch.setenv(metrics.CONTROL_TOKEN_FILE_ENV, str(tmp_path / "token"))
+    # Another key's token: refused, and the progress read the plain way.
     assert fetch_progress("127.0.0.1", port, replicas=2, token=job_token(b"other", "uid-1")) \
-        is None and metrics.desired_replicas() is None
+        is not None and metrics.desired_replicas() is None
     report = fetch_progress("127.0.0.1", port, replicas=2, token=token)
     assert report is not None and metrics.desired_replicas() == 2

@@ -14,7 +14,7 @@
     ELASTRAIN_MIN_REPLICAS=1                below this no generation forms
     ELASTRAIN_SPARES=0                      spec.spares: > 0, the world is the desired one
                                             (ELASTRAIN_REPLICAS until the operator's
-                                            /progress?replicas= says otherwise) and the
+                                            POST /control says otherwise) and the
                                             nodes beyond it wait as spares
     ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS=5   a silent node is dead after this (min 2)
 """
