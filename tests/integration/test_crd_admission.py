@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from elastrain_operator.model.pod import RESERVED_VOLUMES_MESSAGE
 from elastrain_operator.model.spec import (
     DEFAULT_MODE_CHANGE_MESSAGE,
     INPROCESS_COMMAND_MESSAGE,
@@ -229,6 +230,9 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
      [unsupported("spec.template.tolerations[0].operator", "Maybe", "Exists", "Equal")]),
     ("service-account", set_path("template", {"serviceAccountName": "UPPER"}),
      [bound("spec.template.serviceAccountName", "UPPER", DNS_LABEL)]),
+    ("operators-volume-name", set_path("template", {"volumes": [
+        {"name": "elastrain-control", "emptyDir": {}}]}),
+     [rule("spec.template.volumes", RESERVED_VOLUMES_MESSAGE)]),
     ("cpu-quantity", set_path("resources", {"limits": {"cpu": "lots"}}),
      [bound("spec.resources.limits.cpu", "lots", QUANTITY)]),
     ("empty-command", set_path("command", []),

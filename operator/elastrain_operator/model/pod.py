@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from elastrain_operator.model.base import ApiModel, k8s
+from elastrain_operator.model.base import ApiModel, cel, k8s
 from elastrain_operator.model.pod_security import (
     NON_RESTRICTED_VOLUME_TYPES,
     ContainerSecurityContext,
@@ -68,10 +68,23 @@ Volume = Annotated[dict[str, Any], Field(json_schema_extra={
     **k8s(x_kubernetes_preserve_unknown_fields=True)})]
 
 
+# Worker pods carry volumes of the operator's own (render/security.py's scratch, render/control's
+# token): a user's volume of the same name would make every pod creation fail.
+RESERVED_VOLUME_PREFIX = "elastrain-"
+RESERVED_VOLUMES_MESSAGE = (f"spec.template.volumes: a name starting with "
+                            f"'{RESERVED_VOLUME_PREFIX}' is the operator's (its scratch and "
+                            f"control-token volumes); rename the volume")
+_RESERVED_VOLUMES_RULE = cel(
+    f"!has(self.volumes) || self.volumes.all(v, !has(v.name) || "
+    f"!v.name.startsWith('{RESERVED_VOLUME_PREFIX}'))",
+    RESERVED_VOLUMES_MESSAGE, field_path=".volumes")
+
+
 class PodTemplateOverride(ApiModel):
     """The narrow part of a PodSpec a user may set on worker pods."""
 
-    model_config = ApiModel.model_config | {"json_schema_extra": k8s(*template_rules())}
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": k8s(*template_rules(), _RESERVED_VOLUMES_RULE)}
 
     labels: LabelMap = Field(default_factory=dict)
     annotations: AnnotationMap = Field(default_factory=dict)
@@ -102,6 +115,9 @@ class PodTemplateOverride(ApiModel):
     @model_validator(mode="after")
     def _pod_security(self) -> PodTemplateOverride:
         # The CRD's rules (model/pod_security.py), so objects built in Python fail the same way.
-        if problems := refusals(self):
+        problems = refusals(self)
+        if any(str(v.get("name", "")).startswith(RESERVED_VOLUME_PREFIX) for v in self.volumes):
+            problems.append(RESERVED_VOLUMES_MESSAGE)
+        if problems:
             raise ValueError("; ".join(problems))
         return self

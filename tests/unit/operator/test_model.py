@@ -139,3 +139,12 @@ def test_spares_count_against_the_bound_on_worker_pods() -> None:
                    recovery={"mode": "InProcess"})
     assert bounded.worker_pods == 5
     assert spec().spares == 0 and spec().worker_pods == spec().desired_workers
+
+
+def test_a_volume_named_like_the_operators_own_is_refused_naming_the_field() -> None:
+    for name in ("elastrain-control", "elastrain-tmp", "elastrain-mine"):
+        with pytest.raises(ValidationError, match=r"spec\.template\.volumes: a name starting "):
+            TrainingJobSpec.model_validate({"image": "i", "template": {
+                "volumes": [{"name": name, "emptyDir": {}}]}})
+    TrainingJobSpec.model_validate({"image": "i", "template": {
+        "volumes": [{"name": "my-elastrain-data", "emptyDir": {}}]}})
