@@ -5,11 +5,11 @@ reported by the operator from the session's /progress."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.e2e.conftest import NodeCluster
@@ -30,17 +30,17 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "byo"
 STEPS = 200
 
 
-def byo_job(node: NodeCluster, ns: str, mode: str) -> dict[str, Any]:
+def byo_job(node: NodeCluster, ns: str, mode: str, name: str) -> dict[str, Any]:
     """The example as written, but for this one-node cluster: its images and its MinIO."""
     job: dict[str, Any] = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
-    job["metadata"]["namespace"] = ns
+    job["metadata"].update(namespace=ns, name=name)
     s = job["spec"]
     s.update(image=node.images["trainer"], terminationGracePeriodSeconds=60)
     s["trainer"]["steps"] = STEPS
     s["env"] = [{"name": "ELASTRAIN_STEP_SLEEP_SECONDS", "value": "0.25"},
                 {"name": "BYO_LOG_SAMPLES", "value": "1"}]
-    s["checkpoint"].update(uri=f"s3://{node.s3.bucket}/{ns}/byo", endpoint=node.s3.endpoint_url,
-                           intervalSteps=20)
+    s["checkpoint"].update(uri=f"s3://{node.s3.bucket}/{ns}/{name}",
+                           endpoint=node.s3.endpoint_url, intervalSteps=20)
     s["template"]["imagePullPolicy"] = "Never"
     s["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
                       "limits": {"memory": "1536Mi"}}
@@ -70,34 +70,46 @@ def assert_every_sample_once_per_epoch(records: list[dict[str, Any]]) -> None:
             assert sorted(indices) == list(range(4096)), f"epoch {epoch}: samples skipped"
 
 
-@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_byo_script_resumes_an_eviction_with_no_step_lost(operator: NodeCluster,
-                                                          job_namespace: str, mode: str) -> None:
-    """Restart: every worker resumes from the evicted one's SIGTERM checkpoint. InProcess: the
-    same script, unchanged, trains on at world 1 in the survivor's process and the replacement
-    joins with the survivor's state."""
+                                                          job_namespace: str) -> None:
+    """One job per recovery mode, side by side (the same example, two names). Restart: every
+    worker resumes from the evicted one's SIGTERM checkpoint. InProcess: the same script,
+    unchanged, trains on at world 1 in the survivor's process and the replacement joins with
+    the survivor's state."""
     node, ns, k = operator, job_namespace, operator.kubectl
     k("create", "configmap", "byo-train-py", "-n", ns,
       "--from-file", f"train.py={EXAMPLE / 'train.py'}")
-    selector = "elastrain.dev/job-name=byo,elastrain.dev/role=worker"
-    with LogCollector(k, ns, selector, ARTIFACTS / f"byo-{mode.lower()}") as logs:
-        k.apply(byo_job(node, ns, mode))
-        logs.wait_for_step(40, timeout=300)
-        pods = k.json("get", "pods", "-n", ns, "-l", selector)["items"]
-        victim = sorted(p["metadata"]["name"] for p in pods)[-1]
-        at = evict(k, ns, victim)
-        wait_for("Succeeded", lambda: job_status(k, ns, "byo").get("phase") == "Succeeded",
-                 timeout=600)
+    names = {mode: f"byo-{key}" for key, mode in RECOVERY_MODES.items()}
+    selectors = {mode: f"elastrain.dev/job-name={name},elastrain.dev/role=worker"
+                 for mode, name in names.items()}
+    with contextlib.ExitStack() as stack:
+        logs = {mode: stack.enter_context(LogCollector(k, ns, selectors[mode],
+                                                       ARTIFACTS / names[mode]))
+                for mode in names}
+        for mode, name in names.items():
+            k.apply(byo_job(node, ns, mode, name))
+        evicted: dict[str, float] = {}
+        for mode in names:
+            logs[mode].wait_for_step(40, timeout=300)
+            pods = k.json("get", "pods", "-n", ns, "-l", selectors[mode])["items"]
+            victim = sorted(p["metadata"]["name"] for p in pods)[-1]
+            evicted[mode] = evict(k, ns, victim)
+        for name in names.values():
+            wait_for(f"{name} Succeeded",
+                     lambda name=name: job_status(k, ns, name).get("phase") == "Succeeded",
+                     timeout=600)
         time.sleep(1)  # the last log lines
-        if mode == RESTART:
-            assert steps_lost_at(logs, at) == 0
-        else:
-            assert steps_retrained(logs, at) == 0
-            regroups = [(r["reason"], r["world_size"]) for r in logs.events("regroup")
-                        if float(r["time"]) > at]
-            assert ("leave", 1) in regroups and ("join", 2) in regroups, regroups
-            assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
-        assert_every_sample_once_per_epoch(logs.events("samples"))
-    status = job_status(k, ns, "byo")
-    assert status.get("preemptions") == 1 and status.get("restarts", 0) == 0, status
-    assert status["lastCheckpoint"]["step"] == STEPS, status
+        for mode, at in evicted.items():
+            if mode == RESTART:
+                assert steps_lost_at(logs[mode], at) == 0
+            else:
+                assert steps_retrained(logs[mode], at) == 0
+                regroups = [(r["reason"], r["world_size"]) for r in logs[mode].events("regroup")
+                            if float(r["time"]) > at]
+                assert ("leave", 1) in regroups and ("join", 2) in regroups, regroups
+                assert not [r for r in logs[mode].events("resumed") if float(r["time"]) > at]
+            assert_every_sample_once_per_epoch(logs[mode].events("samples"))
+    for name in names.values():
+        status = job_status(k, ns, name)
+        assert status.get("preemptions") == 1 and status.get("restarts", 0) == 0, status
+        assert status["lastCheckpoint"]["step"] == STEPS, status

@@ -103,42 +103,33 @@ def test_a_crashing_trainer_spends_the_budget_and_the_job_fails_with_its_excepti
     assert len(crashes) == crashes_expected, [e["message"] for e in crashes]
 
 
+@pytest.mark.parametrize("mode", list(RECOVERY_MODES.values()), ids=list(RECOVERY_MODES))
 def test_a_hung_trainer_is_told_and_restarted_and_slow_steps_are_not(
-        operator: NodeCluster, job_namespace: str) -> None:
-    """One job per recovery mode, side by side: the test is mostly waiting (slow steps, the
-    hang timeout), which both jobs spend together."""
+        operator: NodeCluster, job_namespace: str, mode: str) -> None:
     node, ns, k = operator, job_namespace, operator.kubectl
     timeout = 30
-    names = [f"stuck-{key}" for key in RECOVERY_MODES]
-    for name, mode in zip(names, RECOVERY_MODES.values(), strict=True):
-        # ~4.5 s per step for 10 steps: 45 s of slow progress, longer than the timeout in all.
-        job = make_job(name, ns, image=node.images["trainer"],
-                       s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket, steps=400,
-                       replicas=2, interval_steps=4, step_sleep=4.5, hangTimeoutSeconds=timeout,
-                       **recovery_spec(mode))
-        _arm_faults(k, job, hang_at_step="10")
-        job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
-        k.apply(job)
-    for name in names:
-        wait_for(f"{name}: step 9 reported", lambda name=name: (
-            job_status(k, ns, name).get("progress") or {}).get("step", 0) >= 9, timeout=300)
-        status = job_status(k, ns, name)
-        assert status.get("restarts", 0) == 0 and not _condition(status, "Hung"), status
-    for name in names:
-        hung = wait_for(f"{name}: Hung", lambda name=name: _hung(k, ns, name, "True"),
-                        timeout=timeout + 90)
-        assert hung["reason"] == "NoTrainingProgress"
-        assert f"(spec.hangTimeoutSeconds={timeout})" in hung["message"]
-        status = job_status(k, ns, name)
-        assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
-        assert status["recentLosses"][-1]["reason"].startswith("hung: no training step")
-        assert "NoTrainingProgress" in event_reasons(k, ns, name)
-    for name in names:
-        # The replacements resume (from step 8) and train on: Hung turns False.
-        cleared = wait_for(f"{name}: Hung=False",
-                           lambda name=name: _hung(k, ns, name, "False"), timeout=300)
-        assert cleared["reason"] == "TrainingProgressing"
-        status = job_status(k, ns, name)
-        assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
-        assert status["progress"]["resumedFromStep"] >= 8
-        assert "TrainingProgressing" in event_reasons(k, ns, name)
+    # ~4.5 s per step for 10 steps: 45 s of slow progress, longer than the timeout in all.
+    job = make_job("stuck", ns, image=node.images["trainer"], s3_endpoint=node.s3.endpoint_url,
+                   bucket=node.s3.bucket, steps=400, replicas=2, interval_steps=4,
+                   step_sleep=4.5, hangTimeoutSeconds=timeout, **recovery_spec(mode))
+    _arm_faults(k, job, hang_at_step="10")
+    job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    k.apply(job)
+    wait_for("step 9 reported", lambda: (job_status(k, ns, "stuck").get("progress") or {})
+             .get("step", 0) >= 9, timeout=300)
+    status = job_status(k, ns, "stuck")
+    assert status.get("restarts", 0) == 0 and not _condition(status, "Hung"), status
+    hung = wait_for("Hung", lambda: _hung(k, ns, "stuck", "True"), timeout=timeout + 90)
+    assert hung["reason"] == "NoTrainingProgress"
+    assert f"(spec.hangTimeoutSeconds={timeout})" in hung["message"]
+    status = job_status(k, ns, "stuck")
+    assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
+    assert status["recentLosses"][-1]["reason"].startswith("hung: no training step")
+    assert "NoTrainingProgress" in event_reasons(k, ns, "stuck")
+    # The replacements resume (from step 8) and train on: Hung turns False.
+    cleared = wait_for("Hung=False", lambda: _hung(k, ns, "stuck", "False"), timeout=300)
+    assert cleared["reason"] == "TrainingProgressing"
+    status = job_status(k, ns, "stuck")
+    assert status["restarts"] == 1 and status.get("preemptions", 0) == 0, status
+    assert status["progress"]["resumedFromStep"] >= 8
+    assert "TrainingProgressing" in event_reasons(k, ns, "stuck")

@@ -1,6 +1,6 @@
 """Scenario 16 (docs/recovery.md section 12): warm spares on a real kubelet.
 
-An InProcess job with `spec.spares: 1` (3 workers, min 2, the e2e job's shape) runs 4 worker
+An InProcess job with `spec.spares: 1` (3 workers, min 2, max 4) runs 4 worker
 pods: 3 train, 1 waits with torch imported and its model built, answering the operator's poll
 with `"role": "spare"` (status.readySpares 1, WORKERS 3/3). A member pod is evicted: at the next
 step boundary the spare takes its place, healed from a live peer, so the world never drops
@@ -51,7 +51,7 @@ def test_16_a_spare_takes_an_evicted_workers_place_and_the_replacement_waits(
     node, ns, k = operator, job_namespace, operator.kubectl
     k.apply(make_job(JOB, ns, image=node.images["trainer"], steps=100_000,
                      s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
-                     recovery={"mode": INPROCESS}, spares=1))
+                     recovery={"mode": INPROCESS}, spares=1, maxReplicas=4))
     with LogCollector(k, ns, Training.worker_selector(JOB), ARTIFACTS / JOB) as logs:
         t = Training(k, ns, JOB, logs, INPROCESS)
         wait_for("3 members and a ready spare", lambda: full_with_a_spare(t), timeout=300)
