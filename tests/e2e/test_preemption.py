@@ -253,6 +253,12 @@ def test_5_lost_rendezvous_store_is_recreated_without_a_failure(training: ChaosJ
         ready = time.time()
         wait_for("a training step with the new store", lambda: [
             r for r in t.logs.events("step") if float(r["time"]) > ready], timeout=120)
+        # Training goes on without the store; the scenario ends once every member is back on
+        # the new one: a test that changes the world next (scenario 6's scale-down) found a
+        # member still reconnecting, judged it silent, and restarted (seen once).
+        wait_for("every member back on the new store", lambda: set(processes) <= {
+            r["node"] for r in t.logs.events("store_back") if float(r["time"]) > at},
+            timeout=120)
         t.settle()
         # No recovery to time: the longest pause between two steps across the loss instead.
         times = [float(r["time"]) for r in t.logs.events("step")]
