@@ -45,18 +45,23 @@ print(json.dumps(out), flush=True)
 """
 
 
-def probe_from(k: Kubectl, name: str, namespace: str, image: str,
-               targets: list[tuple[str, int]], labels: dict[str, str] | None = None
-               ) -> dict[str, str]:
-    """Runs PROBE in a pod of its own (restricted, as the namespace demands); its verdicts."""
-    k.apply(restricted_pod(name, namespace, image=image, labels=labels,
-                           command=["python3", "-c", PROBE, json.dumps(targets)]))
-    wait_for(f"probe pod {namespace}/{name} to finish", lambda: k.json(
-        "get", "pod", name, "-n", namespace)["status"].get("phase") in ("Succeeded", "Failed"),
-        timeout=120)
-    out = k("logs", name, "-n", namespace).stdout.strip().splitlines()
-    k("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
-    return dict(json.loads(out[-1]))
+def probe_from(k: Kubectl, probes: dict[str, tuple[str, dict[str, str] | None]], image: str,
+               targets: list[tuple[str, int]]) -> dict[str, dict[str, str]]:
+    """Runs PROBE in a pod of its own per entry, name -> (namespace, labels), all at once
+    (restricted, as the namespace demands); each one's verdicts."""
+    for name, (namespace, labels) in probes.items():
+        k.apply(restricted_pod(name, namespace, image=image, labels=labels,
+                               command=["python3", "-c", PROBE, json.dumps(targets)]))
+    verdicts: dict[str, dict[str, str]] = {}
+    for name, (namespace, _) in probes.items():
+        wait_for(f"probe pod {namespace}/{name} to finish",
+                 lambda name=name, namespace=namespace: k.json(  # type: ignore[misc]
+                     "get", "pod", name, "-n", namespace)["status"].get("phase")
+                 in ("Succeeded", "Failed"), timeout=120)
+        out = k("logs", name, "-n", namespace).stdout.strip().splitlines()
+        k("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
+        verdicts[name] = dict(json.loads(out[-1]))
+    return verdicts
 
 
 def pod_ip(k: Kubectl, namespace: str, name: str) -> str:
@@ -101,12 +106,13 @@ def test_only_the_jobs_workers_reach_its_store_and_it_trains_through_an_eviction
         wait_for(f"default ServiceAccount in {other_ns}", lambda: k(
             "get", "serviceaccount", "default", "-n", other_ns, check=False).returncode == 0)
         image = operator.images["operator"]  # python3, and nothing of the job's
-        strangers = {
-            "another namespace": probe_from(k, "stranger", other_ns, image, targets),
-            "an unlabelled pod": probe_from(k, "unlabelled", ns, image, targets),
-            "another job's worker": probe_from(
-                k, "other-job", ns, image, targets,
-                labels={"elastrain.dev/job-name": "other", "elastrain.dev/role": "worker"})}
+        roles = {"stranger": "another namespace", "unlabelled": "an unlabelled pod",
+                 "other-job": "another job's worker"}
+        found = probe_from(k, {"stranger": (other_ns, None), "unlabelled": (ns, None),
+                               "other-job": (ns, {"elastrain.dev/job-name": "other",
+                                                  "elastrain.dev/role": "worker"})},
+                           image, targets)
+        strangers = {roles[name]: verdicts for name, verdicts in found.items()}
         k("delete", "namespace", other_ns, "--wait=false", check=False)
         for who, verdicts in strangers.items():
             assert verdicts[control] == "open", f"{who}: the probe reaches nothing: {verdicts}"
