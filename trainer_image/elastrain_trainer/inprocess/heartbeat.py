@@ -2,13 +2,20 @@
 
 Every `interval_s` it bumps this node's counter, reads the counters of the nodes it watches and
 judges them with `membership.Liveness` on its own clock (a counter that has not moved for
-`timeout_s` is dead: 5 s by default, `spec.recovery.heartbeatTimeoutSeconds`; beats every
-timeout/5, so one late beat on a loaded node does not evict it). A dead peer marks the current
-generation failed (`gen/<g>/failed`), which is what every other node's thread watches.
+`timeout_s` is dead: 5 s by default, `spec.recovery.heartbeatTimeoutSeconds`). A dead peer marks
+the current generation failed (`gen/<g>/failed`), which is what every other node's thread
+watches.
 
-The thread has its own store client (a TCPStore client is one socket) and never touches the
-process group: a closed socket already fails gloo collectives at once (a killed process), and
-the collective timeout (regroup.INPROCESS_COLLECTIVE_TIMEOUT) bounds the rest.
+It beats every timeout/20. A watcher measures a silence from the tick at which it first saw the
+last beat, and the beat before a pause came up to one interval before the pause: a node paused
+for 0.8 of the timeout (a stop-the-world pause, a frozen cgroup) reads as up to 0.8 of it plus
+an interval plus the time it takes to beat again once it runs. At /20 that leaves 0.15 of the
+timeout (0.75 s of the default 5) for the latter; at /5 nothing.
+
+On a failed generation (judged here, or by any node) the thread calls `on_failed(gen, store)`
+once: the member severs its own sockets of that generation's groups (`inprocess.sever`), which
+is what ends a collective blocked on a peer that went dark without closing its sockets (a
+killed process's kernel closes them itself: gloo fails at once then).
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from elastrain_trainer.inprocess.store import MembershipStore
 
 DEFAULT_TIMEOUT_S = 5.0
 MIN_TIMEOUT_S = 2.0
+BEATS_PER_TIMEOUT = 20
 # Once a collective has failed (a peer is gone for sure), a node that neither reported its step
-# nor beat for this many beat intervals is planned without: a live node beats every interval and
-# is observed within one more, so 3 leaves a beat of slack. A live node misjudged so only pays a
+# nor beat for this share of the timeout is planned without (3 s of the default 5): a live node
+# beats many times meanwhile, even on a loaded machine. A live node misjudged so only pays a
 # rejoin (it finds itself out of the plan and restarts in place); waiting for the full timeout
 # would cost every survivor the whole timeout on every loss without notice.
-FAILED_SILENCE_BEATS = 3
+FAILED_SILENCE_SHARE = 0.6
 
 
 class Heartbeat:
@@ -39,12 +47,15 @@ class Heartbeat:
     def __init__(self, connect: Callable[[timedelta | None], MembershipStore], node_id: str, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
                  probe: Callable[[], bool] = lambda: True,
-                 claim: Callable[[], Epoch | None] = lambda: None) -> None:
+                 claim: Callable[[], Epoch | None] = lambda: None,
+                 on_failed: Callable[[int, MembershipStore], None] = lambda gen, store: None,
+                 ) -> None:
         if timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
         self._connect, self.node_id = connect, node_id
-        self.timeout_s, self.interval_s = timeout_s, timeout_s / 5
-        self.beat = timedelta(seconds=self.interval_s)
+        self.timeout_s, self.interval_s = timeout_s, timeout_s / BEATS_PER_TIMEOUT
+        # How long a connect to the store may take before this thread probes again.
+        self.beat = timedelta(seconds=timeout_s / 5)
         self._lock = threading.Lock()
         self._gen, self._watched = 0, frozenset[str]()
         self._spares = frozenset[str]()  # observed, never failing a generation
@@ -63,6 +74,8 @@ class Heartbeat:
         self._claim = claim
         self.lost = False
         self.reconnects = 0
+        self._on_failed = on_failed
+        self._severed_gen = 0
 
     def start(self) -> Heartbeat:
         self._store = self._connect(None)
@@ -89,9 +102,9 @@ class Heartbeat:
         return self._silent_for(self.timeout_s) & self._watched
 
     def silent(self) -> frozenset[str]:
-        """Watched nodes silent for FAILED_SILENCE_BEATS beats: dead, once a collective of
-        theirs has failed."""
-        return self._silent_for(FAILED_SILENCE_BEATS * self.interval_s) & self._watched
+        """Watched nodes silent for FAILED_SILENCE_SHARE of the timeout: dead, once a
+        collective of theirs has failed."""
+        return self._silent_for(FAILED_SILENCE_SHARE * self.timeout_s) & self._watched
 
     def _silent_for(self, bound_s: float) -> frozenset[str]:
         """Observed nodes whose counter has not moved for `bound_s`. While this node has lost
@@ -155,3 +168,11 @@ class Heartbeat:
         if dead and gen > 0 and not failed:
             self._store.mark_failed(gen, self.node_id, f"heartbeat: {sorted(dead)} silent "
                                                        f"for {self.timeout_s} s")
+            failed = True
+        if failed and gen != self._severed_gen:
+            self._severed_gen = gen
+            try:
+                self._on_failed(gen, self._store)
+            except Exception as e:  # not the store's loss: the collective timeout still bounds
+                emit("sever_failed", node=self.node_id, gen=gen,
+                     error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import regroup, rewrap, transfer
+from elastrain_trainer.inprocess import regroup, rewrap, sever, transfer
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, Heartbeat
 from elastrain_trainer.inprocess.membership import (
     Epoch,
@@ -52,6 +52,7 @@ from elastrain_trainer.inprocess.membership import (
     plan_stop,
     successor_order,
 )
+from elastrain_trainer.inprocess.sever import GroupSockets
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.parallel import Groups
 
@@ -126,7 +127,7 @@ class Member:
         self.heartbeat = Heartbeat(
             self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
             probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port),
-            claim=self._keep_claim)
+            claim=self._keep_claim, on_failed=self._sever)
         self.epoch: Epoch | None = None  # the store's incarnation this node knows
         self.founded: Epoch | None = None  # a store founded under this world (section 7)
         self._reconnects = 0
@@ -146,6 +147,9 @@ class Member:
         self._join_seq = 0           # this node's newest join request
         self._desired_sent: int | None = None
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
+        # The sockets of the groups in use and the generations they serve (kept plans reuse
+        # them): what the heartbeat thread severs when one of those generations fails.
+        self._sockets: tuple[frozenset[int], GroupSockets, tuple[str, ...]] | None = None
 
     def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,
@@ -327,7 +331,7 @@ class Member:
     def _beating(self, nodes: list[str]) -> list[str]:
         """The `nodes` whose heartbeat counter moves (a join request outlives its node)."""
         first = self.store.heartbeats(nodes)
-        time.sleep(2.5 * self.heartbeat.interval_s)
+        time.sleep(self.heartbeat.timeout_s / 2)
         then = self.store.heartbeats(nodes)
         return [n for n in nodes if n == self.node_id or then[n] != first[n]]
 
@@ -358,12 +362,19 @@ class Member:
         assert rank is not None
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.cfg.on_role("member")
+        self._sockets = None
         if plan.reason == "start":
+            before = sever.socket_fds()
             self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
-                                                  plan.world_size)
+                                                  plan.world_size,
+                                                  init_timeout=regroup.ARRIVAL_TIMEOUT)
         else:
             self._arrive(plan)
+            before = sever.socket_fds()
             self._init_entered(plan, rank)
+        sockets = GroupSockets.since(before)
+        self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
+        self._sockets = (frozenset([plan.gen]), sockets, plan.nodes)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
@@ -373,13 +384,17 @@ class Member:
         members keep their group, so nothing pauses but the agreement on the plan. The group
         was made under an older generation's store prefix, which nothing reads after init."""
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        if self._sockets is not None:
+            gens, sockets, nodes = self._sockets
+            self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
+            self._sockets = (gens | {plan.gen}, sockets, nodes)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, kept_group=True)
 
     def _arrive(self, plan: Plan) -> None:
         """Say this node is about to init `plan`'s group and wait until every planned node
-        did. The init cannot be interrupted and waits INPROCESS_COLLECTIVE_TIMEOUT for a
+        did. The init cannot be interrupted and waits ENTRY_INIT_TIMEOUT for a
         missing rank (then the in-place restart from the checkpoint), so it starts only once
         every node is there. EntryFailedError when a node that has not arrived is silent for
         the beats of a node that never reported (section 8), when another node found so first
@@ -387,7 +402,7 @@ class Member:
         this: its nodes hold no state, the fallback loses nothing."""
         self.store.arrive(plan.gen, self.node_id)
         fault_injection.after_arrive()
-        bound = regroup.INPROCESS_COLLECTIVE_TIMEOUT.total_seconds()
+        bound = regroup.ARRIVAL_TIMEOUT.total_seconds()
         deadline = time.monotonic() + bound
         while missing := set(plan.nodes) - self.store.arrived(plan.gen, plan.nodes):
             lost = missing & (self.heartbeat.silent() | self.heartbeat.dead())
@@ -623,6 +638,18 @@ class Member:
         self._plan_after_failure(failed)
 
     # -- without notice --------------------------------------------------------------------
+    def _sever(self, gen: int, store: MembershipStore) -> None:
+        """The heartbeat thread's: generation `gen` failed. If this node's groups serve it, shut
+        down their pairs (`inprocess.sever`): a collective blocked on a peer that went dark
+        fails now, as on a killed peer, instead of at its timeout."""
+        held = self._sockets
+        if held is None or gen not in held[0]:
+            return
+        _, sockets, nodes = held
+        peers = [e for text in store.listeners(gen, [n for n in nodes if n != self.node_id])
+                 for e in sever.parse_published(text)]
+        emit("severed", node=self.node_id, gen=gen, sockets=sockets.sever(peers))
+
     def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:
         """A collective of this generation failed (a peer is gone). Tear the group down at
         once, releasing `model`'s hold on it, so its sockets close and the other survivors'

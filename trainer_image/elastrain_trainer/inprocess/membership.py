@@ -99,6 +99,11 @@ def saved_key(gen: int, node_id: str) -> str:
     return f"gen/{gen}/saved/{node_id}"
 
 
+def listen_key(gen: int, node_id: str) -> str:
+    """The gloo listeners (JSON ["ip:port", ...]) node_id's groups of generation gen made."""
+    return f"gen/{gen}/listen/{node_id}"
+
+
 def failed_key(gen: int) -> str:
     return f"gen/{gen}/failed"
 

@@ -17,19 +17,23 @@ from torch.distributed import HashStore, Store  # type: ignore[attr-defined]
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, Groups
 
 # In-process mode's collective timeout (section 8): the backstop when neither a closed socket nor
-# a heartbeat ends a blocked collective.
-INPROCESS_COLLECTIVE_TIMEOUT = timedelta(seconds=30)
-# Except on the checkpoint group: DCP's collectives there wait for the slowest rank's uploads
-# and for the coordinator's metadata and commit, which a slow object store stretches past 30 s
-# (a drain's save through a throttled store failed at 30 s on the real node and the job then
-# started from an older checkpoint). Restart mode allows them the same. The price: a save
-# blocked on a peer that vanished without closing its sockets holds the recovery this long.
+# the heartbeat (which severs a failed generation's sockets, inprocess.sever) ends a blocked
+# collective: only when the store is lost too. As long as Restart mode's, so that a slow step
+# (a peer 10x slower than usual, a long stall) is never taken for a lost peer: the heartbeat,
+# which beats from its own thread, is the only detector of a silent one.
+INPROCESS_COLLECTIVE_TIMEOUT = COLLECTIVE_TIMEOUT
+# How long a generation's nodes wait for each other to arrive (`Member._arrive`), and a start
+# generation's groups to form: a node that beats but never comes.
+ARRIVAL_TIMEOUT = timedelta(seconds=30)
+# The checkpoint group's: DCP's collectives there wait for the slowest rank's uploads and for
+# the coordinator's metadata and commit, which a slow object store stretches well past 30 s. A
+# save blocked on a peer that went dark ends when the heartbeat severs its sockets, as any
+# collective of the generation.
 CHECKPOINT_COLLECTIVE_TIMEOUT = COLLECTIVE_TIMEOUT
 # The bound on forming a generation's groups once every planned node arrived (section 13, point
 # 18). gloo's rendezvous waits this long for a node lost inside it (killed, or frozen after it
 # arrived) before the init fails and the survivors plan the next generation without it, in
-# process; the collective timeout (30 s) would end the same wait in an in-place restart from the
-# checkpoint. Generous for the init itself, which takes well under a second once all arrived.
+# process. Generous for the init itself, which takes well under a second once all arrived.
 ENTRY_INIT_TIMEOUT = timedelta(seconds=10)
 
 

@@ -179,6 +179,14 @@ class MembershipStore:
     def saved_by(self, gen: int, nodes: Iterable[str]) -> frozenset[str]:
         return frozenset(n for n in nodes if self.kv.check([m.saved_key(gen, n)]))
 
+    def publish_listeners(self, gen: int, node_id: str, text: str) -> None:
+        self.kv.set(m.listen_key(gen, node_id), text)
+
+    def listeners(self, gen: int, nodes: Iterable[str]) -> list[str]:
+        """What the `nodes` that published under `gen` published."""
+        keys = [m.listen_key(gen, n) for n in nodes]
+        return [self.kv.get(k).decode() for k in keys if self.kv.check([k])]
+
     def mark_failed(self, gen: int, node_id: str, error: str) -> None:
         """The first writer wins; later ones leave its record."""
         record = json.dumps({"node_id": node_id, "error": error[:300]})
@@ -200,7 +208,8 @@ class MembershipStore:
         """Best effort: generation `gen`'s keys (the coordinator calls it two generations on)."""
         keys = [m.plan_key(gen), m.failed_key(gen)]
         keys += [k for n in nodes
-                 for k in (m.ack_key(gen, n), m.report_key(gen, n), m.arrive_key(gen, n))]
+                 for k in (m.ack_key(gen, n), m.report_key(gen, n), m.arrive_key(gen, n),
+                           m.listen_key(gen, n))]
         with contextlib.suppress(RuntimeError):  # a stop's savers, when it was one
             if self.has_plan(gen):  # (a get of a missing key waits for the store's timeout)
                 keys += [m.saved_key(gen, n) for n in self.read_plan(gen).saving]

@@ -1,0 +1,104 @@
+"""A peer that goes dark, found by the heartbeat and not by the collective's timeout (issue 34,
+item 2; docs/recovery.md section 8).
+
+A frozen pod (SIGSTOP of its launcher's and its worker's process groups: no beat, and no socket
+closed, as a partitioned or hung host) leaves the survivors' gloo all-reduce waiting: gloo has
+no abort, and a killed process's kernel is what usually ends such a wait (an RST). The
+collective timeout is now as long as Restart mode's (5 minutes), so the tests' waits, far
+shorter, see only the heartbeat's path: it judges the pod gone, the generation fails and each
+survivor severs its own sockets of the generation's groups (`inprocess.sever`), which fails the
+blocked collective at once. Seen failing with the sever left out (Member._sever returning at
+once): the survivors' regroup never came within the wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from .test_inprocess import wait_for
+from .test_inprocess_builtin import job_store
+from .test_inprocess_launcher import HEARTBEAT_S, Pods, pods, start_three
+
+pytestmark = [pytest.mark.timeout(300)]
+__all__ = ["job_store", "pods"]  # the fixtures, imported for the tests below
+
+
+def signal_pod(pods: Pods, node: str, sig: signal.Signals) -> None:
+    """`sig` to every process of the pod: the launcher's process group and its worker's (torch
+    starts each worker in a session of its own)."""
+    worker = pods.worker_pid(node)
+    for group in (pods.procs[node].pid, worker):
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
+
+
+def fails(pods: Pods) -> list[dict[str, Any]]:
+    return [r for r in pods.all_records() if r["event"] == "regroup" and r["reason"] == "fail"]
+
+
+def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
+        pods: Pods) -> None:
+    start_three(pods)
+    frozen_at = time.time()
+    signal_pod(pods, "c", signal.SIGSTOP)
+    # Far below the collective timeout (300 s): only the heartbeat's path can be this fast.
+    wait_for(lambda: fails(pods), "the regroup after c went dark", timeout=60)
+    fail = fails(pods)[0]
+    print(f"frozen -> regrouped at world {fail['world_size']} in "
+          f"{fail['time'] - frozen_at:.2f} s (heartbeat timeout {HEARTBEAT_S} s)")
+    assert fail["world_size"] == 2
+    severed = [r for n in ("a", "b") for r in pods.records(n) if r["event"] == "severed"]
+    assert {r["node"] for r in severed} == {"a", "b"} and all(r["sockets"] >= 1
+                                                             for r in severed), severed
+    # The partition lifts: c's sockets were reset, so its own blocked collective fails (it
+    # never completes into its tensors); it finds itself planned out and comes back through
+    # the join path, restarted in place, never training beside the world.
+    wait_for(lambda: any(r["event"] == "step" and r["time"] > fail["time"]
+                         for r in pods.all_records()), "a step at world 2")
+    signal_pod(pods, "c", signal.SIGCONT)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    # The survivors kept their processes (a restart in place would be node a.1 or b.1); c came
+    # back restarted in place (c.1) and healed from a live peer, not from the checkpoint.
+    regroups = [r for r in pods.all_records() if r["event"] == "regroup"]
+    nodes = {r["node"] for r in regroups}
+    assert not nodes & {"a.1", "b.1"}, nodes
+    back = [r for r in regroups if r["node"].startswith("c.") and r["reason"] == "join"]
+    assert back and back[0]["healed_from"] in ("a", "b"), regroups
+    assert not any(r["event"] == "resumed" for r in pods.all_records())
+    recs = pods.all_records()
+    steps = [(r["step"], r["world_size"]) for r in recs if r["event"] == "step"]
+    numbers = [s for s, _ in steps]
+    assert sorted(set(numbers)) == list(range(1, 81)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers  # <= 1 step trained twice
+    c_steps = [r for r in pods.records("c") if r["event"] == "step"
+               and r["time"] > fail["time"]]
+    # c trained nothing on its own after it was planned out: any step it logged since came
+    # after it joined a later generation (healed, as any joiner).
+    joined = [r for r in recs if r["event"] == "regroup" and r.get("node", "").startswith("c")
+              and r["time"] > fail["time"]]
+    assert all(joined and r["time"] > joined[0]["time"] for r in c_steps), (c_steps, joined)
+
+
+def test_a_pod_paused_for_most_of_the_heartbeat_timeout_is_not_planned_out(pods: Pods) -> None:
+    """A stop-the-world pause of 0.8 of the timeout (4 s of 5) is waited out: the same world,
+    the same processes, no regroup (heartbeat.py says why the beat is timeout/20 for it)."""
+    start_three(pods, HEARTBEAT_TIMEOUT_SECONDS="5")
+    for _ in range(2):
+        signal_pod(pods, "c", signal.SIGSTOP)
+        time.sleep(0.8 * 5)
+        signal_pod(pods, "c", signal.SIGCONT)
+        time.sleep(2)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    recs = pods.all_records()
+    regroups = [(r["gen"], r["reason"], r["world_size"]) for r in recs if r["event"] == "regroup"]
+    assert regroups == [(1, "start", 3)], regroups  # rank 0 tells each generation
+    assert {r["world_size"] for r in recs if r["event"] == "step"} == {3}
