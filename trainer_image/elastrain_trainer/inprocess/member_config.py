@@ -1,0 +1,72 @@
+"""What a Member is given and what it raises (inprocess.member, inprocess.admission)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S
+from elastrain_trainer.inprocess.membership import Plan, PlanConfig
+
+
+class PlanTimeoutError(RuntimeError):
+    """No plan came for the next generation in time (the coordinator and its successors gone)."""
+
+
+class NotHealedError(RuntimeError):
+    """A node is not at its plan's step and the plan heals it from nobody (a protocol bug,
+    not a lost peer: never recovered from as one)."""
+
+
+class StoreFoundedError(Exception):
+    """The store came back empty and a fresh node founded it before any node of this world
+    claimed it (section 7): this world cannot restore into it, and two worlds of one job must
+    not train side by side, so its pods end as on a lost store (replaced; resume from the
+    newest checkpoint)."""
+
+
+class EntryFailedError(RuntimeError):
+    """A node of the plan went silent before it entered the generation (or another node found
+    so first): nobody inits that group; its nodes report and plan the next without it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberConfig:
+    node_id: str
+    store_host: str
+    store_port: int
+    run_id: str
+    plan: PlanConfig
+    expected: int                     # nodes the first generation waits for (spec.replicas)
+    heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
+    start_wait_s: float = 60.0        # the first generation starts with whoever came by then
+    plan_wait_s: float = 60.0
+    # spec.spares > 0: the world is the desired one (what `desired` last heard from the
+    # operator, else `expected`) and the nodes beyond it wait as spares (section 9). 0: every
+    # node up to plan.max_world trains, as before.
+    spares: int = 0
+    desired: Callable[[], int | None] = lambda: None
+    on_role: Callable[[str], None] = lambda role: None  # "member" | "spare", for /progress
+
+
+class Resharding(Protocol):
+    """A sharded model's part in a change (inprocess/fsdp.Resharder): `handover` on the old
+    group once the next plan is known, `settle` on the new group instead of heal + re-wrap."""
+
+    def handover(self, old: Plan, plan: Plan, me: str) -> None: ...
+
+    def settle(self, plan: Plan, me: str, step: int,
+               extras: dict[str, Any]) -> tuple[int, dict[str, Any], bool]: ...
+
+
+@dataclasses.dataclass
+class Change:
+    """What the last generation change did here (for logs, /progress and the tests)."""
+
+    plan: Plan
+    healed_from: str | None = None
+    sent_to: list[str] = dataclasses.field(default_factory=list)
+    regroup_s: float = 0.0
+    heal_s: float = 0.0
+    kept_group: bool = False  # only the spares changed: no regroup, heal or re-wrap
