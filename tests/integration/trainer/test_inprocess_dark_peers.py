@@ -102,3 +102,24 @@ def test_a_pod_paused_for_most_of_the_heartbeat_timeout_is_not_planned_out(pods:
     regroups = [(r["gen"], r["reason"], r["world_size"]) for r in recs if r["event"] == "regroup"]
     assert regroups == [(1, "start", 3)], regroups  # rank 0 tells each generation
     assert {r["world_size"] for r in recs if r["event"] == "step"} == {3}
+
+
+def test_a_peer_ten_times_slower_than_the_others_is_not_planned_out(pods: Pods) -> None:
+    """c sleeps 2.5 s after each step where a and b sleep 0.25 s, so a and b wait ~2.25 s in
+    every step's boundary all-reduce for it: slow, not silent. Each of its steps outlasts the
+    2 s heartbeat timeout, but its heartbeat beats from a thread of its own, so nobody plans it
+    out: one generation, world 3 for every step."""
+    for node, sleep in (("a", "0.25"), ("b", "0.25"), ("c", "2.5")):
+        pods.start(node, 3, STEPS="12", STEP_SLEEP_SECONDS=sleep)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    recs = pods.all_records()
+    regroups = [(r["gen"], r["reason"], r["world_size"]) for r in recs if r["event"] == "regroup"]
+    assert regroups == [(1, "start", 3)], regroups
+    steps = [(r["step"], r["world_size"]) for r in recs if r["event"] == "step"]
+    assert steps == [(s, 3) for s in range(1, 13)], steps
+    # The premise: the world went at c's pace (its 12 sleeps of 2.5 s bound the run from
+    # below), so a and b did wait on it longer than the heartbeat timeout, every step.
+    first, last = (next(r for r in recs if r["event"] == "step" and r["step"] == n)
+                   for n in (1, 12))
+    assert last["time"] - first["time"] >= 11 * 2.5, (first, last)

@@ -1,0 +1,111 @@
+"""Scenario 19 (issue 34, item 2): a worker that goes dark, on a real kubelet, in InProcess mode.
+
+Every process of one worker pod's trainer container is stopped (SIGSTOP: no heartbeat and no
+socket closed, what peers see of a hung host or of a partition, without the kernel's RST a
+killed process gets). The survivors' gloo all-reduce would wait out its timeout (5 minutes in
+both modes now); instead the heartbeat judges the pod gone within heartbeatTimeoutSeconds and
+each survivor severs its own sockets of that generation (docs/recovery.md section 8): they
+train on at world 2 in their processes, redoing at most the step in flight. Then the pod
+thaws, as a partition lifts: its own collective fails on the reset sockets, it finds itself
+planned out, restarts its worker in place and rejoins healed from a live peer; the world is
+whole again without a new pod.
+
+InProcess only: in Restart mode nothing but the collective timeout ends the survivors' wait
+until the operator replaces a pod the trainers planned out, which issue 34's item 4 owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.e2e.conftest import NodeCluster
+from tests.e2e.support import (
+    ARTIFACTS,
+    INPROCESS,
+    LogCollector,
+    Training,
+    container_pid,
+    first_step_after_change,
+    make_job,
+    record_recovery,
+    steps_retrained,
+    wait_for,
+)
+
+JOB = "dark"
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process under it (the container's: torch starts its workers in
+    sessions of their own, so a process group would miss them)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        tree += kids
+        frontier = kids
+    return tree
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_thaws(
+        operator: NodeCluster, job_namespace: str) -> None:
+    node, ns, k = operator, job_namespace, operator.kubectl
+    k.apply(make_job(JOB, ns, image=node.images["trainer"], steps=100_000,
+                     s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
+                     recovery={"mode": INPROCESS}))
+    with LogCollector(k, ns, Training.worker_selector(JOB), ARTIFACTS / JOB) as logs:
+        t = Training(k, ns, JOB, logs, INPROCESS)
+        t.settle()
+        processes = t.processes()
+        pod = t.worker(2)
+        uid = processes[pod].uid
+        frozen = process_tree(container_pid(k, ns, pod))
+        at = time.time()
+        signal_all(frozen, signal.SIGSTOP)
+        try:
+            # Far below the collective timeout (300 s): only the heartbeat's path is this fast.
+            first = wait_for("a step at world 2", lambda: first_step_after_change(logs, at),
+                             timeout=60)
+            recovery_s = float(first["time"]) - at
+            assert first["world_size"] == 2, first
+            fails = [r for r in logs.events("regroup")
+                     if float(r["time"]) > at and r["reason"] == "fail"]
+            assert fails and fails[0]["world_size"] == 2, fails
+            survivors = {n: inc for n, inc in processes.items() if n != pod}
+            now = t.processes()
+            assert {n: now.get(n) for n in survivors} == survivors, \
+                "a survivor's trainer process was restarted"
+            assert steps_retrained(logs, at) <= 1
+        finally:
+            signal_all(frozen, signal.SIGCONT)
+        thawed = time.time()
+        joined = wait_for("the thawed node back in the world, healed from a peer", lambda: next(
+            (r for r in logs.events("regroup") if float(r["time"]) > thawed
+             and r.get("healed_from") and r["world_size"] == 3), None), timeout=180)
+        whole = wait_for("a step at world 3 after the join", lambda: next(
+            (r for r in logs.events("step") if float(r["time"]) > float(joined["time"])
+             and r.get("world_size") == 3), None), timeout=120)
+        # The same pod came back (its worker restarted in place), never a checkpoint load.
+        assert t.processes()[pod].uid == uid
+        assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
+        record_recovery("19-frozen-worker-2", recovery_s, mode=INPROCESS, pod=pod,
+                        frozen_s=round(thawed - at, 2),
+                        whole_after_thaw_s=round(float(whole["time"]) - thawed, 2))
+        print(f"{pod} frozen: world 2 after {recovery_s:.2f} s; thawed after "
+              f"{thawed - at:.2f} s; world 3 again {float(whole['time']) - thawed:.2f} s later")
+    k("delete", "trainingjob", JOB, "-n", ns, "--wait=true", "--timeout=120s", check=False)
