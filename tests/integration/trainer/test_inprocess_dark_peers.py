@@ -13,8 +13,6 @@ once): the survivors' regroup never came within the wait.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from typing import Any
@@ -29,16 +27,6 @@ pytestmark = [pytest.mark.timeout(300)]
 __all__ = ["job_store", "pods"]  # the fixtures, imported for the tests below
 
 
-def signal_pod(pods: Pods, node: str, sig: signal.Signals) -> None:
-    """`sig` to every process of the pod: the launcher's process group and its worker's (torch
-    starts each worker in a session of its own)."""
-    worker = pods.worker_pid(node)
-    for group in (pods.procs[node].pid, worker):
-        if group is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, sig)
-
-
 def fails(pods: Pods) -> list[dict[str, Any]]:
     return [r for r in pods.all_records() if r["event"] == "regroup" and r["reason"] == "fail"]
 
@@ -47,7 +35,7 @@ def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
         pods: Pods) -> None:
     start_three(pods)
     frozen_at = time.time()
-    signal_pod(pods, "c", signal.SIGSTOP)
+    pods.signal_pod("c", signal.SIGSTOP)
     # Far below the collective timeout (300 s): only the heartbeat's path can be this fast.
     wait_for(lambda: fails(pods), "the regroup after c went dark", timeout=60)
     fail = fails(pods)[0]
@@ -62,7 +50,7 @@ def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
     # the join path, restarted in place, never training beside the world.
     wait_for(lambda: any(r["event"] == "step" and r["time"] > fail["time"]
                          for r in pods.all_records()), "a step at world 2")
-    signal_pod(pods, "c", signal.SIGCONT)
+    pods.signal_pod("c", signal.SIGCONT)
     codes = pods.wait_all()
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
     # The survivors kept their processes (a restart in place would be node a.1 or b.1); c came
@@ -92,9 +80,9 @@ def test_a_pod_paused_for_most_of_the_heartbeat_timeout_is_not_planned_out(pods:
     the same processes, no regroup (heartbeat.py says why the beat is timeout/20 for it)."""
     start_three(pods, HEARTBEAT_TIMEOUT_SECONDS="5")
     for _ in range(2):
-        signal_pod(pods, "c", signal.SIGSTOP)
+        pods.signal_pod("c", signal.SIGSTOP)
         time.sleep(0.8 * 5)
-        signal_pod(pods, "c", signal.SIGCONT)
+        pods.signal_pod("c", signal.SIGCONT)
         time.sleep(2)
     codes = pods.wait_all()
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}

@@ -116,13 +116,17 @@ class Pods:
                 for n, p in self.procs.items()}
 
     def kill_pod(self, node: str) -> None:
-        """SIGKILL everything of the pod: the launcher's process group and its worker's (torch
-        starts each worker in a session of its own; a pod's end kills every process in it)."""
+        """SIGKILL everything of the pod (a pod's end kills every process in it)."""
+        self.signal_pod(node, signal.SIGKILL)
+
+    def signal_pod(self, node: str, sig: signal.Signals) -> None:
+        """`sig` to every process of the pod: the launcher's process group and its worker's
+        (torch starts each worker in a session of its own)."""
         worker = self.worker_pid(node)
         for group in (self.procs[node].pid, worker):
             if group is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(group, signal.SIGKILL)
+                    os.killpg(group, sig)
 
     def kill_all(self) -> None:
         for node, p in self.procs.items():
