@@ -1,5 +1,6 @@
-"""In-process mode through a slow object store: a save whose collectives wait past the 30 s
-in-process collective timeout still commits. Two in-process nodes of the built-in trainer save
+"""In-process mode through a slow object store: a save whose collectives wait past 30 s (the
+in-process collective timeout of old; every in-process collective now waits restart mode's 5
+minutes, a silent peer being the heartbeat's to find) still commits. Two in-process nodes of the built-in trainer save
 to MinIO through the fault proxy, which holds every request of step 4's save 9 s (each under
 boto3's read timeout), so the rank that is not the coordinator waits past 30 s in DCP's closing
 collective on the checkpoint group while the coordinator writes the metadata and the commit. Seen
