@@ -111,3 +111,33 @@ def test_a_peer_ten_times_slower_than_the_others_is_not_planned_out(pods: Pods) 
     first, last = (next(r for r in recs if r["event"] == "step" and r["step"] == n)
                    for n in (1, 12))
     assert last["time"] - first["time"] >= 11 * 2.5, (first, last)
+
+
+def test_a_member_frozen_in_a_kept_generation_is_severed_with_the_group_it_kept(
+        pods: Pods) -> None:
+    """a and b train at world 2 (replicas 2, spares 1); c comes later as the spare, so the next
+    plan changes only the spares and a and b keep their group (made in generation 1) in
+    generation 2. b freezes: the failure of generation 2 must sever the group of generation 1,
+    with the listeners b published for it; a and the spare c train on at world 2."""
+    for node in ("a", "b"):
+        pods.start(node, 2, SPARES="1", MAX_REPLICAS="3", STEPS="300")
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pods.start("c", 2, SPARES="1", MAX_REPLICAS="3", STEPS="300")
+    wait_for(lambda: any(r["event"] == "regroup" and r.get("kept_group")
+                         for r in pods.all_records()), "a kept generation with the spare",
+             timeout=120)
+    kept = next(r for r in pods.all_records() if r["event"] == "regroup" and r.get("kept_group"))
+    frozen_at = time.time()
+    pods.signal_pod("b", signal.SIGSTOP)
+    wait_for(lambda: fails(pods), "the regroup after b went dark", timeout=60)
+    pods.signal_pod("b", signal.SIGCONT)
+    fail = fails(pods)[0]
+    assert fail["world_size"] == 2 and fail["time"] > frozen_at, fail
+    severed = [r for r in pods.records("a") if r["event"] == "severed"]
+    assert severed and severed[0]["gen"] == kept["gen"] and severed[0]["sockets"] >= 1, (
+        severed, kept)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 301)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers

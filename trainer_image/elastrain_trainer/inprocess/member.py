@@ -156,12 +156,15 @@ class Member(Admission):
     def _keep(self, plan: Plan) -> None:
         """A plan whose members and ranks are the old ones (a spare arrived or left): the
         members keep their group, so nothing pauses but the agreement on the plan. The group
-        was made under an older generation's store prefix, which nothing reads after init."""
-        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        was made under an older generation's store prefix, which nothing reads after init.
+        Its sockets serve the new generation too, before the heartbeat watches it (a failure of
+        it is severed), and its listeners are published under it (the old generations' keys
+        are forgotten two generations on)."""
         if self._sockets is not None:
             gens, sockets, nodes = self._sockets
-            self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
             self._sockets = (gens | {plan.gen}, sockets, nodes)
+            self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
+        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, kept_group=True)
@@ -419,9 +422,16 @@ class Member(Admission):
         held = self._sockets
         if held is None or gen not in held[0]:
             return
-        _, sockets, nodes = held
-        peers = [e for text in store.listeners(gen, [n for n in nodes if n != self.node_id])
-                 for e in sever.parse_published(text)]
+        gens, sockets, nodes = held
+        # A peer publishes under each generation the group serves as it enters it; one that
+        # went dark first published under an earlier one: the newest each peer has counts.
+        published: dict[str, str] = {}
+        for g in sorted(gens, reverse=True):
+            rest = [n for n in nodes if n != self.node_id and n not in published]
+            if not rest:
+                break
+            published |= store.listeners(g, rest)
+        peers = [e for text in published.values() for e in sever.parse_published(text)]
         emit("severed", node=self.node_id, gen=gen, sockets=sockets.sever(peers))
 
     def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:

@@ -182,10 +182,10 @@ class MembershipStore:
     def publish_listeners(self, gen: int, node_id: str, text: str) -> None:
         self.kv.set(m.listen_key(gen, node_id), text)
 
-    def listeners(self, gen: int, nodes: Iterable[str]) -> list[str]:
-        """What the `nodes` that published under `gen` published."""
-        keys = [m.listen_key(gen, n) for n in nodes]
-        return [self.kv.get(k).decode() for k in keys if self.kv.check([k])]
+    def listeners(self, gen: int, nodes: Iterable[str]) -> dict[str, str]:
+        """What each of the `nodes` that published under `gen` published."""
+        keys = {n: m.listen_key(gen, n) for n in nodes}
+        return {n: self.kv.get(k).decode() for n, k in keys.items() if self.kv.check([k])}
 
     def mark_failed(self, gen: int, node_id: str, error: str) -> None:
         """The first writer wins; later ones leave its record."""
