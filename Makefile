@@ -119,7 +119,7 @@ images-local:  ## build the pause, operator and trainer images here, without Doc
 	$(PY) -m hack.images build pause operator trainer
 
 .PHONY: test-e2e
-test-e2e: venv e2e-deps  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~33 min warm, ~45 with image builds)
+test-e2e: venv e2e-deps  ## the e2e tier: a real one-node cluster (root), the chart, real pods (builds what it needs; ~29 min warm, ~32 when the images are rebuilt)
 	ELASTRAIN_WARM_START=0 $(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
 
 # Built before pytest starts: a cold build of the node's binaries takes longer than one test's

@@ -1,13 +1,13 @@
 """In-process mode through a slow object store: a save whose collectives wait past 30 s (the
 in-process collective timeout of old; every in-process collective now waits restart mode's 5
-minutes, a silent peer being the heartbeat's to find) still commits. Two in-process nodes of the built-in trainer save
-to MinIO through the fault proxy, which holds every request of step 4's save 9 s (each under
-boto3's read timeout), so the rank that is not the coordinator waits past 30 s in DCP's closing
-collective on the checkpoint group while the coordinator writes the metadata and the commit. Seen
-on the real node before the checkpoint group got restart mode's timeout: the save failed at 30 s
-(gloo recv timeout), and a drain's save that failed so left the job to start from an older
-checkpoint. The second test is that drain: the replacements that come during its slow save
-wait for it and resume from it."""
+minutes, a silent peer being the heartbeat's to find) still commits. Two in-process nodes of the
+built-in trainer save to MinIO through the fault proxy, which holds every request of step 4's
+save 9 s (each under boto3's read timeout), so the rank that is not the coordinator waits past
+30 s in DCP's closing collective on the checkpoint group while the coordinator writes the
+metadata and the commit. Seen on the real node before the checkpoint group got restart mode's
+timeout: the save failed at 30 s (gloo recv timeout), and a drain's save that failed so left the
+job to start from an older checkpoint. The second test is that drain: the replacements that come
+during its slow save wait for it and resume from it."""
 
 from __future__ import annotations
 
