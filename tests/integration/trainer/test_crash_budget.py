@@ -68,7 +68,11 @@ def events(cluster: LocalCluster, kind: str) -> list[dict]:  # type: ignore[type
 
 
 def test_a_crash_at_step_n_spends_the_budget_then_fails_with_its_message(tmp_path: Path) -> None:
-    env = trainer_env(tmp_path, STEPS="40", CHECKPOINT_INTERVAL_STEPS="4",
+    # Synchronous saves: steps 4 and 8 are committed before the crash at step 10, so every
+    # attempt after the first resumes. With async uploads on a loaded machine step 4's was once
+    # still in flight at the crash (checkpoint_deferred at step 8), the second attempt started
+    # fresh and the test counted one resume where it expects two.
+    env = trainer_env(tmp_path, STEPS="40", CHECKPOINT_INTERVAL_STEPS="4", CHECKPOINT_ASYNC="0",
                       **faults(tmp_path, crash_at_step="10", crash_rank="1"))
     # A minimum of 2: every attempt waits for the crashed rank's replacement. At 1 the survivor
     # could regroup alone before it came, train past step 10 as rank 0 and resume the next
