@@ -240,7 +240,8 @@ class Session(WorldChanges):
             open_storage(cfg.checkpoint_uri, cfg.checkpoint_endpoint), keep=cfg.checkpoint_keep,
             async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
             endpoint=cfg.checkpoint_endpoint, run=self.run_id,
-            wait_seconds=cfg.checkpoint_wait_seconds)
+            wait_seconds=cfg.checkpoint_wait_seconds,
+            fence=process.inprocess.member.fence if process.inprocess is not None else None)
         if joined_live:
             self._settle()  # the state, the step and the rest from a live peer
         elif process.inprocess is not None and process.inprocess.sharded:

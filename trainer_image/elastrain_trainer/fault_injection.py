@@ -22,6 +22,11 @@ line (blank lines and `#` comments allowed):
                                       in-process mode: a joiner SIGKILLs itself once its heal
                                       began (the header from its source received, the tensors
                                       not), as a pod lost while it was being healed
+    ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT=1
+                                      the checkpoint coordinator stops itself (SIGSTOP) right
+                                      before it commits a save whose shards are written, as a
+                                      node that hangs there; CRASH_ONCE applies (the next
+                                      coordinator must not freeze too)
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -62,8 +67,9 @@ GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
 FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
 FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
 KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
+FREEZE_BEFORE_COMMIT = "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
-           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL)
+           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -147,6 +153,12 @@ def after_arrive(env: Mapping[str, str] = os.environ) -> None:
     _freeze_if(FREEZE_AFTER_ARRIVE, "after arriving", env)
 
 
+def before_commit(env: Mapping[str, str] = os.environ) -> None:
+    knobs = read_knobs(env)
+    if int(knobs.get(FREEZE_BEFORE_COMMIT) or 0) and _first_time(knobs.get(CRASH_ONCE)):
+        _freeze_if(FREEZE_BEFORE_COMMIT, "before the commit", env)
+
+
 def during_heal(env: Mapping[str, str] = os.environ) -> None:
     if int(read_knobs(env).get(KILL_DURING_HEAL) or 0):
         print(f"elastrain: injected kill during the heal ({KILL_DURING_HEAL})", flush=True)
@@ -156,7 +168,10 @@ def during_heal(env: Mapping[str, str] = os.environ) -> None:
 def _freeze_if(knob: str, where: str, env: Mapping[str, str]) -> None:
     if int(read_knobs(env).get(knob) or 0):
         print(f"elastrain: injected freeze {where} ({knob})", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # To this thread: it takes the stop itself before it runs another instruction. Sent
+        # to the process, another thread may take it, and this one ran on for a while (seen:
+        # a commit's next store request and writes went out before the stop).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def _first_time(once: str | None) -> bool:

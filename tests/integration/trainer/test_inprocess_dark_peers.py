@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from elastrain_trainer.checkpoint.local import LocalStorage
+from elastrain_trainer.checkpoint.manager import scan
 
 from .test_inprocess import wait_for
 from .test_inprocess_builtin import job_store
@@ -141,3 +145,55 @@ def test_a_member_frozen_in_a_kept_generation_is_severed_with_the_group_it_kept(
     numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
     assert sorted(set(numbers)) == list(range(1, 301)), numbers
     assert len(numbers) - len(set(numbers)) <= 1, numbers
+
+
+def test_a_coordinator_frozen_before_its_commit_is_fenced_when_it_thaws(
+        pods: Pods, tmp_path: Path) -> None:
+    """Issue 34 item 3. The checkpoint coordinator of step 10's save freezes (every thread)
+    once every shard is written, right before its commit; the others plan it out, train on at
+    world 2 and commit step 20. Thawed, it would commit step 10 and point `latest` back at it
+    under the world that went on: its fence asks the store, finds generation 2 current, and it
+    commits nothing. Seen failing with the fence left out: step-00000010 committed and `latest`
+    named it."""
+    faults = tmp_path / "faults.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT=1\n"
+                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'commit.fired'}\n")
+    for node in ("a", "b", "c"):
+        pods.start(node, 3, FAULT_INJECTION_FILE=str(faults))
+
+    def frozen_nodes() -> list[str]:
+        return [n for n in pods.procs if "injected freeze before the commit" in pods.log(n)]
+
+    wait_for(frozen_nodes, "a coordinator frozen before its commit", timeout=180)
+    [frozen] = frozen_nodes()
+    survivors = sorted(set(pods.procs) - {frozen})
+    wait_for(lambda: fails(pods), f"the regroup after {frozen} froze", timeout=60)
+    assert fails(pods)[0]["world_size"] == 2
+
+    def committed_after() -> list[dict[str, Any]]:
+        return [r for n in survivors for r in pods.records(n)
+                if r["event"] == "checkpoint_saved" and r["step"] > 10]
+
+    wait_for(committed_after, "a commit by the world that went on", timeout=120)
+    pods.signal_pod(frozen, signal.SIGCONT)
+
+    def ended() -> list[dict[str, Any]]:
+        return [r for r in pods.records(frozen) if r["event"] in (
+            "checkpoint_fenced", "checkpoint_failed", "checkpoint_saved") and r["step"] == 10]
+
+    wait_for(ended, f"the end of {frozen}'s save of step 10", timeout=60)
+    root = tmp_path / "ckpt"
+    assert not (root / "step-00000010" / "COMMITTED").exists()
+    assert [r["event"] for r in ended()] == ["checkpoint_fenced"], ended()
+    assert "planned out" in ended()[0]["reason"], ended()
+    newest = scan(LocalStorage(root)).newest
+    assert newest is not None and newest.step > 10
+    assert (root / "latest").read_text() == newest.dir
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    catalog = scan(LocalStorage(root))
+    assert catalog.newest is not None and not catalog.damaged
+    assert (root / "latest").read_text() == catalog.newest.dir
+    # Every commit is of the world that made it: generations rise with the commit order.
+    gens = [c.gen for c in catalog.commits]
+    assert gens == sorted(gens) and min(gens) >= 1, catalog.commits

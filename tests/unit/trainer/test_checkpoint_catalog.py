@@ -118,3 +118,43 @@ def test_catalog_follows_commits_failures_damage_and_deletions() -> None:
 ])
 def test_markers_are_deleted_first(keys: list[str], first: str) -> None:
     assert cat.deletion_order(keys)[0] == first
+
+
+def made_in(step: int, seq: int, gen: int, store_epoch: str = "e1",
+            attempt: int = 1) -> tuple[str, bytes]:
+    d = mf.step_dir(step, attempt)
+    return d, mf.build_commit_marker(step, mf.build_manifest(step, 1, {}), seq, "run",
+                                     store_epoch, gen)
+
+
+def test_a_commit_of_an_older_generation_not_above_a_newer_ones_is_fenced() -> None:
+    # Generation 3 committed 8 (seq 2); its coordinator froze before committing 12 (seq 3) and
+    # was planned out; generation 4 re-read the root and committed 14 as seq 3 too; the frozen
+    # node woke and committed 12 as generation 3's seq 3.
+    catalog = build(made_in(8, 2, 3), made_in(14, 3, 4), made_in(12, 3, 3))
+    assert [c.dir for c in cat.resume_candidates(catalog)] == ["step-00000014", "step-00000008"]
+    assert catalog.damaged["step-00000012"].startswith(
+        "fenced: committed by generation 3 after generation 4 had committed step-00000014")
+    assert catalog.next_seq() == 4
+    # Never deleted by retention (kept like damaged), never the newest.
+    assert "step-00000012" not in cat.plan_retention(catalog, keep=1)
+
+
+def test_generations_of_other_store_epochs_or_runs_and_older_markers_are_not_compared() -> None:
+    # A new store incarnation counts generations from 1 again; its commits are newer by seq.
+    catalog = build(made_in(8, 2, 7, "e1"), made_in(12, 3, 1, "e2"), made_in(16, 4, 2, "e2"),
+                    committed(20, 5))
+    assert not catalog.damaged
+    assert [c.step for c in cat.resume_candidates(catalog)] == [20, 16, 12, 8]
+    # Ascending generations with ascending sequence numbers: the ordinary history.
+    ordinary = build(made_in(4, 1, 1), made_in(8, 2, 1), made_in(12, 3, 2), made_in(16, 4, 5))
+    assert not ordinary.damaged and len(ordinary.commits) == 4
+    # An older generation's commit that is older in sequence too is history, not a fenced one.
+    assert not build(made_in(4, 1, 2), made_in(8, 2, 3)).damaged
+
+
+def test_a_marker_records_its_generation_and_store_epoch() -> None:
+    marker = mf.parse_commit_marker(made_in(8, 2, 3, "abc")[1])
+    assert (marker.store_epoch, marker.gen, marker.seq, marker.run) == ("abc", 3, 2, "run")
+    plain = mf.parse_commit_marker(committed(8, 2)[1])
+    assert (plain.store_epoch, plain.gen) == ("", 0)

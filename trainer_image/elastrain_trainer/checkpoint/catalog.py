@@ -7,6 +7,15 @@ work must win over the old directories of those steps (and survive retention). E
 COMMITTED marker carries a sequence number one above every commit the writer knew of;
 markers written before sequence numbers existed count as 0 and order by step.
 
+Fencing (in-process mode, docs/recovery.md section 8, "Fencing"). A bucket cannot check who
+writes, so each commit records the store incarnation and the generation whose world made it.
+Within one run and one incarnation, generations only grow and a newer generation's coordinator
+numbers its commits above every commit it could read, so a commit of an older generation whose
+sequence number is not above a newer generation's commit was made by a node planned out of the
+world (frozen or cut off while the others went on) after the others had moved on: it is fenced,
+never loaded, never `latest`, and kept like a damaged one. (The writer's own check against the
+store, manager.py's `fence`, stops nearly all of them before they are written.)
+
 A save never writes into a directory that already holds objects (`choose_dir`): the first save
 of step 12 gets `step-00000012`, a later one `step-00000012.2`, so nothing committed is ever
 overwritten. A checkpoint proven damaged is kept (QUARANTINED, or known to the manager) and
@@ -29,6 +38,8 @@ class Commit:
     step: int
     seq: int = 0
     run: str = ""
+    store_epoch: str = ""
+    gen: int = 0  # 0: not made in a generation (restart mode, or an older marker)
 
     def order(self) -> tuple[int, int, int]:
         parsed = mf.parse_dir(self.dir)
@@ -97,9 +108,31 @@ def build_catalog(objects: Mapping[str, frozenset[str]],
             if marker.step != parsed[0]:
                 damaged[d] = f"its commit marker names step {marker.step}"
                 continue
-            commits.append(Commit(d, parsed[0], marker.seq, marker.run))
-    commits.sort(key=Commit.order)
+            commits.append(Commit(d, parsed[0], marker.seq, marker.run, marker.store_epoch,
+                                  marker.gen))
+    fenced = fenced_commits(commits)
+    damaged |= fenced
+    commits = sorted((c for c in commits if c.dir not in fenced), key=Commit.order)
     return Catalog(tuple(commits), damaged, tuple(uncommitted), dict(objects))
+
+
+def fenced_commits(commits: Iterable[Commit]) -> dict[str, str]:
+    """Directory -> why, for each commit that a newer generation of its run and store epoch had
+    already outnumbered when it was made (the module's docstring: a planned-out writer's)."""
+    newest: dict[tuple[str, str], list[Commit]] = {}
+    for c in commits:
+        if c.gen > 0:
+            newest.setdefault((c.run, c.store_epoch), []).append(c)
+    fenced: dict[str, str] = {}
+    for group in newest.values():
+        for c in group:
+            newer = [d for d in group if d.gen > c.gen and d.seq <= c.seq]
+            if newer:
+                first = min(newer, key=Commit.order)
+                fenced[c.dir] = (f"fenced: committed by generation {c.gen} after generation "
+                                 f"{first.gen} had committed {first.dir} (a node planned out of "
+                                 "the world wrote it)")
+    return fenced
 
 
 def resume_candidates(catalog: Catalog, run: str | None = None) -> list[Commit]:

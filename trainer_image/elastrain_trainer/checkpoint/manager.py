@@ -15,6 +15,9 @@ What it promises (catalog.py, read_faults.py):
 - save() never writes into a directory that holds objects, so nothing committed is overwritten.
 - retention keeps the newest `keep` commits in commit order and every damaged checkpoint;
   `latest` names the newest commit.
+- with a `fence` (in-process mode), a coordinator that the world has planned out commits
+  nothing: no marker, no `latest`, no retention (catalog.py's fencing rule is the bucket's side
+  of it).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from elastrain_trainer import metrics
+from elastrain_trainer import fault_injection, metrics
 from elastrain_trainer.checkpoint import catalog as cat
 from elastrain_trainer.checkpoint import manifest as mf
 from elastrain_trainer.checkpoint import read_faults as rf
@@ -53,6 +56,12 @@ class SaveRequest:
     step: int
     state: dict[str, Any]
     sidecar: dict[str, Any] = field(default_factory=dict)
+
+
+# Called on the coordinator right before a commit: (store epoch, generation) of the world that
+# makes it, recorded in its marker (catalog.py compares them); an exception says why this
+# process may not commit (the world moved on without it) and refuses the commit.
+Fence = Callable[[], tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -93,11 +102,11 @@ class CheckpointManager:
 
     `run` names this run in each commit marker: load(run=...) resumes only that run's own
     commits (a run told to start over). `wait_seconds` bounds how long a failing store is
-    retried at load."""
+    retried at load. `fence`: see Fence (None: nothing to check, as in restart mode)."""
 
     def __init__(self, storage: CheckpointStorage, *, keep: int = 3, async_save: bool = True,
                  process_group: dist.ProcessGroup | None = None, endpoint: str = "",
-                 run: str = "", wait_seconds: float = 600.0,
+                 run: str = "", wait_seconds: float = 600.0, fence: Fence | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.storage = storage
@@ -107,6 +116,8 @@ class CheckpointManager:
         self.endpoint = endpoint
         self.run = run
         self.wait_seconds = wait_seconds
+        self.fence = fence
+        self._fenced: dict[str, Exception] = {}  # save directory -> why its commit was refused
         self._clock, self._sleep = clock, sleep
         self.last_committed: Committed | None = None
         self.failed_saves = 0
@@ -194,6 +205,16 @@ class CheckpointManager:
     def _finished(self, step: int, key: str, started: float, blocked_s: float,
                   error: BaseException | None) -> None:
         total = time.monotonic() - started
+        fenced = self._fenced.pop(key, None)
+        if error is not None and fenced is not None:
+            # Not the store's fault, and nothing to retry: this node is out of the world. (The
+            # error DCP raises is often the broadcast of the refusal to peers that are gone.)
+            self.failed_saves += 1
+            self.last_error = fenced
+            emit("checkpoint_fenced", step=step, reason=str(fenced),
+                 uri=join(self.storage.uri, key),
+                 note="not committed: this node was planned out of the world")
+            return
         if error is not None:
             self.failed_saves += 1
             self.last_error = error
@@ -221,17 +242,27 @@ class CheckpointManager:
     def _commit(self, req: SaveRequest, key: str, seq: int, files: dict[str, mf.FileDigest],
                 world: int) -> None:
         """Runs on the coordinator after every shard and .metadata exist: make it count."""
+        fault_injection.before_commit()
+        # Last, so a writer frozen until now learns here that it was planned out; a bucket
+        # cannot compare-and-set, so a freeze between this check and the marker still gets
+        # through: the catalog fences such a commit on read.
+        try:
+            store_epoch, gen = self.fence() if self.fence is not None else ("", 0)
+        except Exception as e:
+            self._fenced[key] = e
+            raise
         manifest = mf.build_manifest(req.step, world, files)
         self.storage.write(join(key, mf.MANIFEST), manifest)
         self.storage.write(join(key, mf.SIDECAR), mf.sidecar_bytes(req.sidecar))
         self.storage.write(join(key, mf.COMMIT_MARKER),
-                           mf.build_commit_marker(req.step, manifest, seq, self.run))
+                           mf.build_commit_marker(req.step, manifest, seq, self.run,
+                                                  store_epoch, gen))
         self.storage.write(mf.LATEST, key.encode())
         metrics.record_checkpoint_written_bytes(sum(d.size for d in files.values()))
         if self.catalog is not None:
             names = [*files, mf.MANIFEST, mf.SIDECAR, mf.COMMIT_MARKER]
-            self.catalog = cat.with_commit(self.catalog, cat.Commit(key, req.step, seq, self.run),
-                                           names)
+            commit = cat.Commit(key, req.step, seq, self.run, store_epoch, gen)
+            self.catalog = cat.with_commit(self.catalog, commit, names)
         try:
             self.apply_retention()
         except Exception as e:  # committed all the same; the next commit deletes what is left

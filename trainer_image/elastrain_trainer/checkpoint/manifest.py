@@ -6,7 +6,8 @@ Layout under the root:
     step-00000120/manifest.json      size + sha256 of every file above
     step-00000120/sidecar.json       step, epoch, loss, world size, host, hardware, versions
     step-00000120/COMMITTED          written last; names the manifest's sha256, the commit's
-                                     sequence number and the run that wrote it
+                                     sequence number, the run that wrote it and (in-process
+                                     mode) the store incarnation and generation it was made in
     step-00000120/QUARANTINED        only on a committed checkpoint proven damaged: why, when
     step-00000120.2/...              a later save of the same step (catalog.choose_dir)
     latest                           the newest commit's directory, rewritten after each commit
@@ -77,17 +78,26 @@ def parse_manifest(data: bytes) -> dict[str, FileDigest]:
 @dataclass(frozen=True)
 class Marker:
     """What a COMMITTED marker says. `seq` orders commits (0: written before commits carried a
-    sequence number; those order by step); `run` is the run that wrote it ("" if unknown)."""
+    sequence number; those order by step); `run` is the run that wrote it ("" if unknown);
+    `store_epoch` and `gen` the job store's incarnation and the in-process generation whose world
+    made it ("" and 0: restart mode, or written before markers carried them; catalog.py's
+    fencing rule compares generations of one epoch)."""
 
     step: int
     manifest_sha256: str
     seq: int = 0
     run: str = ""
+    store_epoch: str = ""
+    gen: int = 0
 
 
-def build_commit_marker(step: int, manifest: bytes, seq: int = 0, run: str = "") -> bytes:
-    return json.dumps({"step": step, "manifest_sha256": digest(manifest).sha256, "seq": seq,
-                       "run": run}).encode()
+def build_commit_marker(step: int, manifest: bytes, seq: int = 0, run: str = "",
+                        store_epoch: str = "", gen: int = 0) -> bytes:
+    doc: dict[str, Any] = {"step": step, "manifest_sha256": digest(manifest).sha256, "seq": seq,
+                           "run": run}
+    if gen:
+        doc |= {"store_epoch": store_epoch, "gen": gen}
+    return json.dumps(doc).encode()
 
 
 def parse_commit_marker(data: bytes) -> Marker:
@@ -95,7 +105,8 @@ def parse_commit_marker(data: bytes) -> Marker:
     try:
         doc = json.loads(data)
         return Marker(int(doc["step"]), str(doc["manifest_sha256"]), int(doc.get("seq", 0)),
-                      str(doc.get("run", "")))
+                      str(doc.get("run", "")), str(doc.get("store_epoch", "")),
+                      int(doc.get("gen", 0)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CorruptCheckpointError(f"{COMMIT_MARKER} is not a commit marker ({e})") from None
 

@@ -42,6 +42,7 @@ from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import regroup, rewrap, sever, transfer
 from elastrain_trainer.inprocess.admission import Admission
+from elastrain_trainer.inprocess.fence import StoreFence
 from elastrain_trainer.inprocess.heartbeat import Heartbeat
 from elastrain_trainer.inprocess.member_config import (
     Change,
@@ -100,6 +101,8 @@ class Member(Admission):
         # The sockets of the groups in use and the generations they serve (kept plans reuse
         # them): what the heartbeat thread severs when one of those generations fails.
         self._sockets: tuple[frozenset[int], GroupSockets, tuple[str, ...]] | None = None
+        # What the checkpoint manager asks before a commit: is this node still in the world?
+        self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan))
 
     def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,

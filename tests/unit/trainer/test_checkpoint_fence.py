@@ -1,0 +1,71 @@
+"""A commit's fence (in-process mode): a writer the world planned out commits nothing, and every
+commit records the generation that made it (catalog.py's rule reads it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
+from elastrain_trainer.checkpoint import manifest as mf
+from elastrain_trainer.checkpoint.local import LocalStorage
+from elastrain_trainer.checkpoint.manager import scan
+
+
+class FencedError(RuntimeError):
+    pass
+
+
+class World:
+    """The store's answer as the fence reads it: this node's generation, or planned out."""
+
+    def __init__(self) -> None:
+        self.planned_out = False
+
+    def __call__(self) -> tuple[str, int]:
+        if self.planned_out:
+            raise FencedError("planned out: generation 4 is the world's, this node's is 3")
+        return "epoch-1", 3
+
+
+def state(step: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((4,), float(step))}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_planned_out_writer_commits_nothing_moves_no_latest_and_deletes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], async_save: bool) -> None:
+    storage = LocalStorage(tmp_path / "ckpt")
+    world = World()
+    manager = CheckpointManager(storage, keep=1, async_save=async_save, fence=world)
+    manager.save(SaveRequest(4, state(4)))
+    assert manager.wait()
+    marker = mf.parse_commit_marker(storage.read("step-00000004/" + mf.COMMIT_MARKER))
+    assert (marker.store_epoch, marker.gen) == ("epoch-1", 3)
+    world.planned_out = True
+    manager.save(SaveRequest(8, state(8)))
+    manager.wait()
+    assert manager.failed_saves == 1 and isinstance(manager.last_error, FencedError)
+    catalog = scan(storage)
+    # The shards were written (a frozen writer's were, before it froze); no marker, no latest,
+    # and keep=1 deleted nothing.
+    assert [c.dir for c in catalog.commits] == ["step-00000004"]
+    assert catalog.uncommitted == ("step-00000008",)
+    assert mf.MANIFEST not in catalog.objects["step-00000008"]
+    assert storage.read(mf.LATEST) == b"step-00000004"
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+              if line.startswith('{"event"')]
+    fenced = [e for e in events if e["event"] == "checkpoint_fenced"]
+    assert len(fenced) == 1 and fenced[0]["step"] == 8, events
+    assert "planned out" in fenced[0]["reason"]
+    assert not any(e["event"] == "checkpoint_failed" for e in events), events
+
+
+def test_without_a_fence_a_commit_records_no_generation(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "ckpt")
+    CheckpointManager(storage, async_save=False).save(SaveRequest(2, state(2)))
+    data = json.loads(storage.read("step-00000002/" + mf.COMMIT_MARKER))
+    assert "gen" not in data and mf.parse_commit_marker(json.dumps(data).encode()).gen == 0

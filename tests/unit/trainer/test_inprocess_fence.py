@@ -1,0 +1,47 @@
+"""The checkpoint's fence against a real TCPStore: this node's generation while it is the
+store's, FencedError once the world moved past it or while the store cannot answer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from elastrain_trainer.inprocess.fence import FencedError, StoreFence
+from elastrain_trainer.inprocess.membership import Epoch, Plan
+from elastrain_trainer.inprocess.store import MembershipStore
+
+
+def plan(gen: int) -> Plan:
+    return Plan(gen=gen, step=10, world_size=2, nodes=("a", "b"), heal={}, reason="start",
+                global_batch=8, accum=1)
+
+
+def test_the_fence_passes_in_the_current_generation_and_refuses_once_it_moved_on() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
+                      timeout=timedelta(seconds=10))
+    port = server.port
+
+    def connect(within: timedelta | None) -> MembershipStore:
+        return MembershipStore.connect("127.0.0.1", port, "run", connect_within=within)
+
+    world = MembershipStore(server, "run")
+    assert world.try_advance(0) and world.try_advance(1)  # generation 2 is current
+    epoch = Epoch(True, "a", "n1")
+    mine: list[Plan | None] = [plan(2)]
+    fence = StoreFence(connect, lambda: (epoch, mine[0]))
+    assert fence() == (epoch.text(), 2)
+    assert world.try_advance(2)  # the others planned generation 3 without this node
+    with pytest.raises(FencedError, match="planned out: generation 3 is the world's, this "
+                                          "node's is 2"):
+        fence()
+    mine[0] = plan(3)  # a node kept in generation 3 commits
+    assert fence()[1] == 3
+    mine[0] = None
+    with pytest.raises(FencedError, match="in no generation"):
+        fence()
+    mine[0] = plan(3)
+    del world, server  # the store is gone: nothing proves this node is still in the world
+    with pytest.raises(FencedError, match="cannot confirm generation 3"):
+        fence()

@@ -1,0 +1,62 @@
+"""The checkpoint's fence in in-process mode (docs/recovery.md section 8, "Fencing"): a node
+planned out of the world commits nothing.
+
+A node that froze or was cut off while the others planned it out can wake with a save whose
+shards were all written before it froze: only its commit is left, and nothing in the bucket
+would stop it (no compare-and-set), so its coordinator would commit an old step and move
+`latest` back under the world that went on. CheckpointManager calls the fence on the
+coordinator right before a commit: it asks the job's store which generation is current. A save
+never spans two generations (session.world waits for it before every change), so a commit made
+in the current generation is the world's; once `gen` has moved past this node's generation, the
+commit is refused. When the store cannot answer, nothing proves that this node is still in the
+world, so that commit is refused too (the next save retries; a store lost for long is already
+told by `store_lost`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+from elastrain_trainer.inprocess.membership import Epoch, Plan
+from elastrain_trainer.inprocess.store import MembershipStore
+
+# A commit waits at most this long for the store's answer (a connect, then one read).
+ANSWER_WITHIN = timedelta(seconds=5)
+
+
+class FencedError(RuntimeError):
+    """This node's world moved on without it: what it saved must not be committed."""
+
+
+class StoreFence:
+    """`connect(connect_within)`: a new client of the job's store (the fence's own: it runs on
+    the upload thread, beside the training thread's and the heartbeat's clients).
+    `current()`: the store incarnation and the plan this node is in now."""
+
+    def __init__(self, connect: Callable[[timedelta | None], MembershipStore],
+                 current: Callable[[], tuple[Epoch | None, Plan | None]]) -> None:
+        self._connect, self._current = connect, current
+        self._store: MembershipStore | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> tuple[str, int]:
+        """(store epoch, generation) for the commit's marker; FencedError refuses the commit."""
+        epoch, plan = self._current()
+        if plan is None:
+            raise FencedError("this node is in no generation")
+        with self._lock:
+            try:
+                if self._store is None:
+                    self._store = self._connect(ANSWER_WITHIN)
+                    self._store.raw.set_timeout(ANSWER_WITHIN)
+                current = self._store.generation()
+            except Exception as e:
+                self._store = None  # a new client next time
+                raise FencedError(f"the job's store cannot confirm generation {plan.gen}: "
+                                  f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from e
+        if current > plan.gen:
+            raise FencedError(f"planned out: generation {current} is the world's, this node's "
+                              f"is {plan.gen}")
+        return epoch.text() if epoch is not None else "", plan.gen
