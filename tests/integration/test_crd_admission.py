@@ -250,6 +250,8 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("heartbeat-too-short", set_path("recovery", {"mode": "InProcess",
                                                   "heartbeatTimeoutSeconds": 1}),
      [bound("spec.recovery.heartbeatTimeoutSeconds", 1, "be greater than or equal to 2")]),
+    ("node-loss-toleration", set_path("recovery", {"nodeLossTolerationSeconds": -1}),
+     [bound("spec.recovery.nodeLossTolerationSeconds", -1, "be greater than or equal to 0")]),
     ("inprocess-stock-torchrun", both(set_path("recovery", {"mode": "InProcess"}),
                                       set_path("command", ["torchrun", "train.py"])),
      [rule("spec.recovery.mode", INPROCESS_COMMAND_MESSAGE)]),

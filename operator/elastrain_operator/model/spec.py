@@ -191,6 +191,13 @@ class RecoverySpec(ApiModel):
         description="InProcess: a worker silent this long is judged lost (a pod that dies "
                     "with its node closes no socket); 5 s is far below the node controller's "
                     "40 s and above a loaded node's pauses.")
+    node_loss_toleration_seconds: int = Field(
+        default=30, ge=0, le=3600,
+        description="How long every pod of the job tolerates its node being NotReady or "
+                    "unreachable (the node.kubernetes.io/not-ready and /unreachable NoExecute "
+                    "taints) before it is evicted and replaced, in both modes; without it "
+                    "Kubernetes gives 300 s. A toleration of the same key in the pod template "
+                    "or the store's wins.")
 
 
 class RestartPolicy(ApiModel):

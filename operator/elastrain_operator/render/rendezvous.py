@@ -18,6 +18,7 @@ from elastrain_operator.model.names import (
 )
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.meta import Manifest, child_metadata
+from elastrain_operator.render.node_loss import with_node_loss_tolerations
 from elastrain_operator.render.security import (
     pod_security_context,
     scratch_volumes,
@@ -79,8 +80,8 @@ def render_store_pod(job: TrainingJob) -> Manifest:
     }
     if store.node_selector:
         pod_spec["nodeSelector"] = dict(store.node_selector)
-    if store.tolerations:
-        pod_spec["tolerations"] = [t.to_api() for t in store.tolerations]
+    pod_spec["tolerations"] = with_node_loss_tolerations(
+        job, [t.to_api() for t in store.tolerations])
     if store.priority_class_name:
         pod_spec["priorityClassName"] = store.priority_class_name
     if spec.template.image_pull_secrets:

@@ -26,6 +26,7 @@ from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.render.control import control_volume, controlled
 from elastrain_operator.render.env import render_command, render_worker_env
 from elastrain_operator.render.meta import Manifest, child_metadata
+from elastrain_operator.render.node_loss import with_node_loss_tolerations
 from elastrain_operator.render.security import (
     container_security_context,
     pod_security_context,
@@ -47,13 +48,14 @@ def _resources(job: TrainingJob) -> Manifest:
 
 def _tolerations(job: TrainingJob) -> list[Manifest]:
     """The user's tolerations, plus the `<vendor>/gpu` NoSchedule taint GPU node pools carry
-    (EKS and GKE taint them so) when the job asks for that GPU and does not tolerate it yet."""
+    (EKS and GKE taint them so) when the job asks for that GPU and does not tolerate it yet,
+    and a lost node's taints for spec.recovery.nodeLossTolerationSeconds (render.node_loss)."""
     tolerations = [x.to_api() for x in job.spec.template.tolerations]
     res = job.spec.resources
     for key in dict.fromkeys(k for k in [*res.limits, *res.requests] if k.endswith("/gpu")):
         if not any(t.get("key") == key for t in tolerations):
             tolerations.append({"key": key, "operator": "Exists", "effect": "NoSchedule"})
-    return tolerations
+    return with_node_loss_tolerations(job, tolerations)
 
 
 def _mounts(job: TrainingJob) -> tuple[list[Manifest], list[Manifest]]:

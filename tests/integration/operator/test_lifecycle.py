@@ -53,6 +53,12 @@ def test_create_renders_owned_children(cluster: Cluster, operator: Operator) -> 
     assert env["PET_RDZV_CONF"].startswith("is_host=false,")
     assert env["PET_RDZV_ID"] == job["metadata"]["uid"]
     assert store["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-a"}
+    # As stored: the apiserver's DefaultTolerationSeconds adds 300 s only to a pod naming neither
+    # node-loss taint; these name both, with spec.recovery.nodeLossTolerationSeconds.
+    for pod in (worker, store):
+        loss = {t["key"]: t.get("tolerationSeconds") for t in pod["spec"]["tolerations"]
+                if t.get("effect") == "NoExecute"}
+        assert loss == {"node.kubernetes.io/not-ready": 30, "node.kubernetes.io/unreachable": 30}
     services = cluster.kubectl("get", "svc", "-o", "json").stdout
     names = {s["metadata"]["name"]: s for s in json.loads(services)["items"]}
     assert names["demo-workers"]["spec"]["clusterIP"] == "None"

@@ -58,6 +58,7 @@ def test_camel_case_round_trip() -> None:
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
+    ({"recovery": {"nodeLossTolerationSeconds": 3601}}, "nodeLossTolerationSeconds"),
     ({"spares": -1}, "spares"),
     ({"spares": 1, "recovery": {"mode": "Restart"}},
      "spec.spares needs spec.recovery.mode InProcess"),

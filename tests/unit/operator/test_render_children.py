@@ -48,7 +48,11 @@ spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 90
   nodeSelector: {pool: spot}
-  tolerations: [{key: spot, operator: Exists, effect: NoSchedule}]
+  tolerations:
+  - {key: spot, operator: Exists, effect: NoSchedule}
+  - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 30}
+  - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute,
+     tolerationSeconds: 30}
   priorityClassName: batch
   imagePullSecrets: [{name: regcred}]
   volumes:
@@ -94,6 +98,27 @@ def test_worker_pod() -> None:
     assert {"name": "PET_RDZV_ENDPOINT", "value": "demo-rdzv.ml.svc:29400"} in env
 
 
+NODE_LOSS_30 = [{"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 30} for t in ("not-ready", "unreachable")]
+
+
+def test_every_pod_leaves_a_lost_node_after_node_loss_toleration_seconds_not_300() -> None:
+    """Without tolerations of the node-loss taints a pod gets 300 s (DefaultTolerationSeconds);
+    the job's own window applies to workers and the store, and the user's toleration of the
+    same key wins."""
+    mine = {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+            "effect": "NoExecute", "tolerationSeconds": 600}
+    j = job(recovery={"nodeLossTolerationSeconds": 12}, template={"tolerations": [mine]},
+            rendezvous={"store": {"tolerations": [mine]}})
+    worker = render_worker_pod(j, 0, 0)["spec"]["tolerations"]
+    store = render_store_pod(j)["spec"]["tolerations"]
+    ready = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 12}
+    assert worker == store == [mine, ready]
+    assert render_worker_pod(job(), 0, 0)["spec"]["tolerations"] == NODE_LOSS_30
+    assert render_store_pod(job())["spec"]["tolerations"] == NODE_LOSS_30
+
+
 def test_job_labels_win_over_template_labels() -> None:
     pod = render_worker_pod(job(template={"labels": {"elastrain.dev/job-name": "spoof"}}), 0, 0)
     assert pod["metadata"]["labels"]["elastrain.dev/job-name"] == "demo"
@@ -124,7 +149,7 @@ def test_store_pod_is_placed_by_the_rendezvous_spec() -> None:
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Always"
     assert spec["nodeSelector"] == {"pool": "on-demand"}
-    assert spec["tolerations"] == [{"key": "x", "operator": "Exists"}]
+    assert spec["tolerations"] == [{"key": "x", "operator": "Exists"}, *NODE_LOSS_30]
     assert spec["priorityClassName"] == "critical"
     (container,) = spec["containers"]
     assert container["image"] == "store:1"

@@ -168,7 +168,7 @@ def test_a_gpu_job_is_ready_for_gpus(resources: dict[str, Any]) -> None:
 
 def test_cpu_jobs_get_no_gpu_settings_and_user_settings_win() -> None:
     cpu = worker(resources={"limits": {"cpu": "2"}})
-    assert "tolerations" not in cpu["spec"]
+    assert not any(t["key"].endswith("/gpu") for t in cpu["spec"]["tolerations"])
     assert not set(NCCL_ENV) & set(env_of(cpu))
     assert env_of(cpu)["PET_NPROC_PER_NODE"] == "1"
     gpu = worker(resources={"limits": {"nvidia.com/gpu": 2}}, nprocPerNode=1,
@@ -178,7 +178,8 @@ def test_cpu_jobs_get_no_gpu_settings_and_user_settings_win() -> None:
     env = [e for e in container(gpu)["env"] if e["name"] == "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
     assert env == [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "3"}]
     assert env_of(gpu)["PET_NPROC_PER_NODE"] == "1"
-    assert len(gpu["spec"]["tolerations"]) == 1  # theirs, not a second one of ours
+    gpu_tolerations = [t for t in gpu["spec"]["tolerations"] if t["key"].endswith("/gpu")]
+    assert len(gpu_tolerations) == 1  # theirs, not a second one of ours
 
 
 def test_unequal_gpu_requests_and_limits_are_refused() -> None:
