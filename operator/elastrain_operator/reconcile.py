@@ -80,8 +80,8 @@ def control_token(options: Options, job: TrainingJob) -> str | None:
 
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
     """Whether applying the plan would change anything in the cluster."""
-    return bool(p.status != job.status or p.create or p.delete_pods or p.release_pods
-                or p.delete_job or p.events or orphans)
+    return bool(p.status != job.status or p.create or p.delete_pods or p.force_delete_pods
+                or p.release_pods or p.delete_job or p.events or orphans)
 
 
 def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
@@ -193,7 +193,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
             options.cache.put_job(written, written=True)  # the next check plans from it
     since = options.cache.begin() if options.cache is not None else None
     secret_errors = _ensure_control_secret(kube, job, p.create, control_token(options, job))
-    applied = apply_children(kube, ns, delete=p.delete_pods,
+    applied = apply_children(kube, ns, delete=p.delete_pods, force_delete=p.force_delete_pods,
                              release=p.release_pods + children.orphans, create=p.create)
     if options.cache is not None and since is not None:
         options.cache.expect((ns, job.metadata.name), job.metadata.uid, list(applied.present),

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -102,6 +104,9 @@ class _Progress:
     role: str | None = None
     # The desired world (spec.replicas) from the operator's `POST /control` (apply_control).
     desired_replicas: int | None = None
+    # InProcess: pods the world planned out without notice and not back since (Plan.lost),
+    # each with when (this process's monotonic clock) this trainer first saw it so.
+    planned_out: dict[str, float] = field(default_factory=dict)
 
 
 _progress = _Progress()
@@ -172,6 +177,14 @@ def record_generation(generation: int, world_size: int, step: int, *, regrouped:
         if regrouped:
             _progress.step = _progress.resumed_from_step = step
             _progress.training_since = None
+
+
+def record_planned_out(pods: Iterable[str]) -> None:
+    """The current plan's lost pods; /progress tells the operator each one's age (seconds since
+    this trainer first saw it planned out: no clock of two machines is compared)."""
+    now = time.monotonic()
+    with _lock:
+        _progress.planned_out = {p: _progress.planned_out.get(p, now) for p in pods}
 
 
 def record_role(role: str) -> None:
@@ -348,7 +361,10 @@ def _document() -> dict[str, Any]:
             "memory": _memory(),
             "recoveryMode": _progress.recovery_mode,
             "generation": _progress.generation,
-            **({"role": _progress.role} if _progress.role is not None else {})}
+            **({"role": _progress.role} if _progress.role is not None else {}),
+            **({"plannedOut": {p: round(time.monotonic() - t, 1)
+                               for p, t in _progress.planned_out.items()}}
+               if _progress.planned_out else {})}
 
 
 def _validation() -> dict[str, Any] | None:

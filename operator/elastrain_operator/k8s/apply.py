@@ -43,9 +43,13 @@ def write_status(kube: Kube, raw_job: Manifest, status: TrainingJobStatus) -> Ma
         raise
 
 
-def delete_pod(kube: Kube, namespace: str, name: str) -> None:
-    kube.delete(namespaced("v1", namespace, "pods", name),
-                body={"propagationPolicy": "Background"})
+def delete_pod(kube: Kube, namespace: str, name: str, *, force: bool = False) -> None:
+    """`force`: grace period 0, so the object goes without waiting for its kubelet (a pod on
+    a node that stopped answering would stay Terminating until the node does)."""
+    body: Manifest = {"propagationPolicy": "Background"}
+    if force:
+        body["gracePeriodSeconds"] = 0
+    kube.delete(namespaced("v1", namespace, "pods", name), body=body)
 
 
 def release_pod(kube: Kube, namespace: str, name: str) -> None:
@@ -81,9 +85,12 @@ def create_child(kube: Kube, manifest: Manifest) -> bool:
 
 
 def apply_children(kube: Kube, namespace: str, *, delete: tuple[str, ...],
-                   release: tuple[str, ...], create: tuple[Manifest, ...]) -> Applied:
+                   release: tuple[str, ...], create: tuple[Manifest, ...],
+                   force_delete: tuple[str, ...] = ()) -> Applied:
     for name in delete:
         delete_pod(kube, namespace, name)
+    for name in force_delete:
+        delete_pod(kube, namespace, name, force=True)
     for name in release:
         release_pod(kube, namespace, name)
     created, errors, present = 0, [], []

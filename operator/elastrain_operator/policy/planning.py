@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 
 from elastrain_operator.model import conditions as c
@@ -41,7 +41,6 @@ from elastrain_operator.model.names import store_name, worker_service_name
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import (
     Phase,
-    TrainingJobStatus,
     TrainingRecovery,
     WorkerLoss,
     WorkerSlot,
@@ -55,7 +54,6 @@ from elastrain_operator.policy.failures import (
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
-from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import (
     ProgressReport,
     count_spares,
@@ -64,7 +62,15 @@ from elastrain_operator.policy.progress import (
     member_reports,
     merge_progress,
 )
+from elastrain_operator.policy.replace import hung_condition, replace_planned_out, restart_if_hung
 from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
+from elastrain_operator.policy.round import (
+    MAX_RECENT_LOSSES,
+    Observed,
+    Plan,
+    Round,
+    current_pods,
+)
 from elastrain_operator.policy.status import (
     TERMINAL,
     Accounting,
@@ -74,8 +80,6 @@ from elastrain_operator.policy.status import (
     derive_status,
     fallback_events,
     find_condition,
-    make_condition,
-    set_condition,
     transition_events,
 )
 from elastrain_operator.policy.store import (
@@ -90,56 +94,12 @@ from elastrain_operator.policy.store import (
 )
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
 from elastrain_operator.policy.validation import pod_config_problems, validate
-from elastrain_operator.render.meta import Manifest
 from elastrain_operator.render.network import MetricsPeers, render_network_policy
 from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
 from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
 
-MAX_RECENT_LOSSES = 10
 __all__ = ["Observed", "Plan", "StorePod", "current_pods", "plan"]
-
-
-@dataclass(frozen=True)
-class Observed:
-    """The job's children as the cluster has them now."""
-
-    workers: tuple[WorkerPod, ...] = ()
-    store: StorePod | None = None
-    services: frozenset[str] = frozenset()          # owned by this job
-    foreign_services: frozenset[str] = frozenset()  # our names, but someone else's objects
-    # The job's NetworkPolicy exists: ours, or a user's of that name, which is left alone.
-    network_policy: bool = False
-    progress: tuple[ProgressReport, ...] | None = None  # None: not polled this round
-
-
-@dataclass(frozen=True)
-class Plan:
-    status: TrainingJobStatus
-    create: tuple[Manifest, ...] = ()
-    delete_pods: tuple[str, ...] = ()
-    release_pods: tuple[str, ...] = ()
-    delete_job: bool = False
-    events: tuple[EventSpec, ...] = ()
-    counted_restarts: int = 0
-    counted_preemptions: int = 0
-    recovered_after_seconds: float | None = None
-    training_recovery: TrainingRecovery | None = None  # recorded this round (status.lastRecovery)
-    hung: bool = False  # the progress watchdog restarted the workers this round
-
-
-@dataclass
-class _Round:
-    """Mutable scratch of one planning round."""
-
-    acct: Accounting
-    events: list[EventSpec] = field(default_factory=list)
-    create: list[Manifest] = field(default_factory=list)
-    delete_pods: list[str] = field(default_factory=list)
-    release_pods: list[str] = field(default_factory=list)
-    counted_restarts: int = 0
-    counted_preemptions: int = 0
-    config_error: str = ""  # a worker's configuration error this round: the job fails
 
 
 def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
@@ -149,13 +109,7 @@ def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
     return grouped
 
 
-def current_pods(slots: Sequence[WorkerSlot], workers: Sequence[WorkerPod]) -> dict[int, WorkerPod]:
-    """Slot index -> the pod of the slot's current attempt, where it exists."""
-    attempt = {s.index: s.attempt for s in slots}
-    return {p.index: p for p in workers if attempt.get(p.index, 0) == p.attempt}
-
-
-def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
+def _count_loss(r: Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
                 slot: WorkerSlot, now: datetime) -> WorkerSlot:
     preempted = exit_ is Exit.PREEMPTED
     why = describe_exit(pod)
@@ -192,7 +146,7 @@ def _count_loss(r: _Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
 
 
-def _count_store_loss(r: _Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSlot,
+def _count_store_loss(r: Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSlot,
                       now: datetime) -> WorkerSlot:
     """A worker lost to a store never Ready: not counted; replaced after the store's backoff."""
     assert r.acct.store is not None
@@ -208,7 +162,7 @@ def _count_store_loss(r: _Round, job: TrainingJob, pod: WorkerPod, slot: WorkerS
     return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
 
 
-def _account(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
+def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
              counting: bool, now: datetime) -> None:
     """Raise the attempt of every slot whose current pod is lost (counting it) or retired."""
     slots = {s.index: s for s in r.acct.slots}
@@ -231,7 +185,7 @@ def _account(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
     r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
 
 
-def _counts(job: TrainingJob, r: _Round, observed: Observed, *, desired: int,
+def _counts(job: TrainingJob, r: Round, observed: Observed, *, desired: int,
             pods: int) -> WorkerCounts:
     current = current_pods(r.acct.slots, observed.workers)
     active = [p for i, p in current.items() if i < pods]
@@ -262,18 +216,20 @@ def _ready_spares(job: TrainingJob, observed: Observed, *, spares: int, ready: i
     return min(old.ready_spares or 0, max(ready - old.ready_replicas, 0))
 
 
-def _cleanup_stale(r: _Round, observed: Observed) -> None:
+def _cleanup_stale(r: Round, observed: Observed) -> None:
     current = current_pods(r.acct.slots, observed.workers)
     for pod in observed.workers:
         if current.get(pod.index) is pod:
             continue
-        if not pod.deleting:
+        if pod.name in r.force_delete:
+            r.force_delete_pods.append(pod.name)
+        elif not pod.deleting:
             r.delete_pods.append(pod.name)
         if pod.has_finalizer:
             r.release_pods.append(pod.name)
 
 
-def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
+def _finish(r: Round, job: TrainingJob, observed: Observed) -> None:
     """A terminal job keeps finished pods for their logs, deletes the rest, counts nothing."""
     for pod in observed.workers:
         if not pod.deleting and classify_pod_exit(pod) in (Exit.RUNNING, Exit.PENDING):
@@ -284,7 +240,7 @@ def _finish(r: _Round, job: TrainingJob, observed: Observed) -> None:
         r.delete_pods.append(store_name(job.metadata.name))
 
 
-def _converge(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
+def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
               finishing: bool, network: MetricsPeers | None,
               now: datetime) -> tuple[bool, bool, datetime | None]:
     """Create what is missing; returns (created anything, waiting for a backoff, waiting for
@@ -323,7 +279,7 @@ def _converge(r: _Round, job: TrainingJob, observed: Observed, *, pods: int,
     return created, in_backoff, held
 
 
-def _ensure_slots(r: _Round, pods: int) -> None:
+def _ensure_slots(r: Round, pods: int) -> None:
     have = {s.index for s in r.acct.slots}
     extra = [WorkerSlot(index=i) for i in range(pods) if i not in have]
     if extra:
@@ -331,12 +287,12 @@ def _ensure_slots(r: _Round, pods: int) -> None:
                                                     key=lambda s: s.index)))
 
 
-def _is_finishing(r: _Round, observed: Observed, pods: int) -> bool:
+def _is_finishing(r: Round, observed: Observed, pods: int) -> bool:
     current = current_pods(r.acct.slots, observed.workers)
     return any(classify_pod_exit(p) is Exit.SUCCEEDED for i, p in current.items() if i < pods)
 
 
-def _decide_terminal(job: TrainingJob, r: _Round, counts: WorkerCounts, *, finishing: bool,
+def _decide_terminal(job: TrainingJob, r: Round, counts: WorkerCounts, *, finishing: bool,
                      store: StoreReadiness, now: datetime) -> tuple[Phase, str, str] | None:
     if r.config_error:
         return ("Failed", c.CONFIGURATION_ERROR,
@@ -384,7 +340,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     """Everything one reconcile should do, in the order the shell applies it. `network`: the
     metrics port's peers when the operator gives each job its NetworkPolicy, else None."""
     old = job.status
-    r = _Round(acct=Accounting(
+    r = Round(acct=Accounting(
         slots=tuple(old.slots), losses=tuple(old.recent_losses), restarts=old.restarts,
         preemptions=old.preemptions, backoff_until=old.restart_backoff_until,
         recovering_since=old.recovering_since, store=old.rendezvous_store))
@@ -410,8 +366,12 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     reports = _reports(observed)
     training = member_reports(reports)  # a waiting spare's report says nothing of training
     hung = None
-    if old.phase == "Running" and not (terminal_already or finishing or blocking):
-        hung = _restart_if_hung(r, job, observed, training, pods=pods, now=now)
+    if not (terminal_already or finishing or blocking):
+        if old.phase == "Running":
+            hung = restart_if_hung(r, job, observed, training, pods=pods, now=now)
+        if hung is None:
+            replace_planned_out(r, job, observed, member_reports(observed.progress),
+                                pods=pods, now=now)
     counts = _counts(job, r, observed, desired=desired, pods=pods)
     terminal = None if terminal_already else _decide_terminal(
         job, r, counts, finishing=finishing, store=store, now=now)
@@ -441,7 +401,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
                       fallback=newest_fallback(old.checkpoint_fallback,
                                                [rep.fallback for rep in reports or ()]),
                       store=None if terminal_already else store, store_hold=held)
-    status = _hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
+    status = hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              training, now)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
@@ -458,66 +418,11 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     if resumed is not None:
         events.append(_training_resumed(resumed))
     return Plan(status=status, create=tuple(r.create), delete_pods=tuple(r.delete_pods),
-                release_pods=tuple(r.release_pods),
+                force_delete_pods=tuple(r.force_delete_pods), release_pods=tuple(r.release_pods),
                 delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
                 counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
                 recovered_after_seconds=recovered, training_recovery=resumed,
                 hung=hung is not None)
-
-
-def _restart_if_hung(r: _Round, job: TrainingJob, observed: Observed,
-                     reports: Sequence[ProgressReport] | None, *, pods: int,
-                     now: datetime) -> float | None:
-    """Restart every running worker (spares too) as one counted failure when no step
-    completed for spec.hangTimeoutSeconds (policy.hang); the seconds without a step, or None.
-    `reports`: the members' (a spare steps no step)."""
-    timeout = job.spec.hang_timeout_seconds
-    stalled = stalled_seconds(reports, timeout_seconds=timeout, now=now)
-    if stalled is None:
-        return None
-    current = current_pods(r.acct.slots, observed.workers)
-    running = {i: p for i, p in current.items()
-               if i < pods and classify_pod_exit(p) is Exit.RUNNING}
-    if not running:
-        return None
-    why = (f"no training step completed for {stalled:.0f}s "
-           f"(spec.hangTimeoutSeconds={timeout})")
-    restarts = r.acct.restarts + 1
-    after = backoff_until(job.spec.restart_policy, restarts, now)
-    first = min(running)
-    loss = WorkerLoss(index=first, pod=running[first].name, kind="Failed",
-                      reason=f"hung: {why}"[:256], time=now)
-    # New attempts in the status write that counts the hang: the pods deleted below are then
-    # stale ones being cleaned up, never preemptions.
-    slots = tuple(WorkerSlot(index=s.index, attempt=s.attempt + 1, replace_after=after)
-                  if s.index in running else s for s in r.acct.slots)
-    r.counted_restarts += 1
-    r.acct = replace(r.acct, slots=slots, restarts=restarts, last_loss_reason=c.WORKER_FAILED,
-                     backoff_until=after or r.acct.backoff_until,
-                     losses=(*r.acct.losses, loss)[-MAX_RECENT_LOSSES:],
-                     recovering_since=r.acct.recovering_since or now)
-    r.events.append(EventSpec("Warning", c.NO_TRAINING_PROGRESS,
-                              f"{why}; restarting {len(running)} worker(s) as one counted "
-                              "failure"))
-    return stalled
-
-
-def _hung_condition(status: TrainingJobStatus, job: TrainingJob, hung: float | None,
-                    reports: Sequence[ProgressReport] | None,
-                    now: datetime) -> TrainingJobStatus:
-    """Hung=True when the watchdog fired this round; False once a step ended after that."""
-    gen = job.metadata.generation
-    if hung is not None:
-        cond = make_condition(c.HUNG, True, c.NO_TRAINING_PROGRESS,
-                              f"no training step completed for {hung:.0f}s "
-                              f"(spec.hangTimeoutSeconds={job.spec.hang_timeout_seconds}); "
-                              "workers restarted", now=now, generation=gen)
-    elif progressing_again(find_condition(status.conditions, c.HUNG), reports):
-        cond = make_condition(c.HUNG, False, c.TRAINING_PROGRESSING,
-                              "training steps complete again", now=now, generation=gen)
-    else:
-        return status
-    return status.model_copy(update={"conditions": set_condition(status.conditions, cond)})
 
 
 def _training_resumed(rec: TrainingRecovery) -> EventSpec:
@@ -528,7 +433,7 @@ def _training_resumed(rec: TrainingRecovery) -> EventSpec:
                      f"training resumed{how} {start} {rec.seconds:.1f}s after {rec.pod} was lost")
 
 
-def _recovery(r: _Round, observed: Observed, counts: WorkerCounts,
+def _recovery(r: Round, observed: Observed, counts: WorkerCounts,
               now: datetime) -> float | None:
     """Seconds from the first loss until every lost slot runs a worker again, or (warm spares)
     desired workers run again, when it just got there. Only the lost slots count: an extra

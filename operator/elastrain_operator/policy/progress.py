@@ -5,8 +5,10 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
 "lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null,
-"role": "member"|"spare"}` (the last six are newer: older trainers leave them out; `role` only
-in-process trainers send, once a plan named them).
+"role": "member"|"spare", "plannedOut": {pod: seconds}}` (the last seven are newer: older
+trainers leave them out; `role` and `plannedOut` only in-process trainers send: `role` once a
+plan named them, `plannedOut` the pods their world planned out without notice and not back
+since, with how long ago this trainer saw it; policy.replace acts on it).
 The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored;
 in-process jobs on the control channel, `POST /control` with the job's token and the desired
 workers, which answers the same document: how their trainers learn the desired world after a
@@ -30,8 +32,8 @@ also documents it and derives the CheckpointsFailing condition from it. Likewise
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -61,6 +63,8 @@ class ProgressReport:
     started_at: datetime | None = None  # when this trainer process (worker group start) began
     fallback: CheckpointFallback | None = None  # how this start's resume skipped a checkpoint
     role: Role | None = None  # in-process only: in the world, or waiting as a spare
+    # In-process only: pod -> seconds since the world planned it out without notice.
+    planned_out: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def spare(self) -> bool:
@@ -88,12 +92,21 @@ def parse_progress(payload: Any) -> ProgressReport | None:
         return None
     return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at,
                           fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")),
-                          role=_role(payload.get("role")))
+                          role=_role(payload.get("role")),
+                          planned_out=_planned_out(payload.get("plannedOut")))
 
 
 def _role(raw: Any) -> Role | None:
     """The newer "role" field; anything but a known role is dropped, not the whole report."""
     return next((r for r in ROLES if r == raw), None)
+
+
+def _planned_out(raw: Any) -> dict[str, float]:
+    """The newer "plannedOut" field; entries that are not pod -> seconds are dropped."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: float(v) for k, v in raw.items() if isinstance(k, str) and len(k) <= 253
+            and isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e9}
 
 
 def member_reports(reports: Sequence[ProgressReport] | None,

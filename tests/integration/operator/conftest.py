@@ -55,6 +55,7 @@ class Cluster:
         self.kube = kube
         self.ns = namespace
         self.kube_fixture = kube_fixture
+        self.kubelet: FakeKubelet | None = None  # the cluster fixture's
 
     # --- jobs ---------------------------------------------------------------------------------
     def job_path(self, name: str = "") -> str:
@@ -154,10 +155,12 @@ def _container(*, running: bool = False, exit_code: int | None = None,
 
 
 class FakeKubelet:
-    """Confirms the deletion of bound pods, as a kubelet does once their containers stopped."""
+    """Confirms the deletion of bound pods, as a kubelet does once their containers stopped;
+    never for a pod in `dark` (its node stopped answering: only a force-delete removes it)."""
 
     def __init__(self, kube: Kube, namespace: str) -> None:
         self.kube, self.ns = kube, namespace
+        self.dark: set[str] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -170,7 +173,8 @@ class FakeKubelet:
                 continue
             for pod in pods:
                 meta = pod["metadata"]
-                if meta.get("deletionTimestamp") and meta["uid"] not in confirmed:
+                if meta.get("deletionTimestamp") and meta["uid"] not in confirmed \
+                        and meta["name"] not in self.dark:
                     try:
                         self.kube.delete(namespaced("v1", self.ns, "pods", meta["name"]),
                                          body={"gracePeriodSeconds": 0})
@@ -237,7 +241,9 @@ def cluster(crd: Any, kube_namespace: str) -> Iterator[Cluster]:
     kubelet = FakeKubelet(kube, kube_namespace)
     kubelet.thread.start()
     try:
-        yield Cluster(kube, kube_namespace, crd)
+        c = Cluster(kube, kube_namespace, crd)
+        c.kubelet = kubelet
+        yield c
     finally:
         kubelet.stop.set()
         kubelet.thread.join(5)

@@ -46,6 +46,7 @@ def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
     print(f"frozen -> regrouped at world {fail['world_size']} in "
           f"{fail['time'] - frozen_at:.2f} s (heartbeat timeout {HEARTBEAT_S} s)")
     assert fail["world_size"] == 2
+    assert fail["lost"] == ["c"], fail  # what the members tell the operator (policy.replace)
     severed = [r for n in ("a", "b") for r in pods.records(n) if r["event"] == "severed"]
     assert {r["node"] for r in severed} == {"a", "b"} and all(r["sockets"] >= 1
                                                              for r in severed), severed
@@ -64,6 +65,7 @@ def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
     assert not nodes & {"a.1", "b.1"}, nodes
     back = [r for r in regroups if r["node"].startswith("c.") and r["reason"] == "join"]
     assert back and back[0]["healed_from"] in ("a", "b"), regroups
+    assert back[0]["lost"] == [], back  # c is back (as c.1): nothing for the operator to do
     assert not any(r["event"] == "resumed" for r in pods.all_records())
     recs = pods.all_records()
     steps = [(r["step"], r["world_size"]) for r in recs if r["event"] == "step"]

@@ -60,6 +60,8 @@ class World:
         """The plan as the shell's ordered side effects."""
         out: list[Any] = [lambda: self.job.__setitem__("status", p.status.to_api())]
         out += [lambda n=n: self.delete(n) for n in p.delete_pods]
+        # grace 0 changes nothing here: a finalizer holds the object until it is released
+        out += [lambda n=n: self.delete(n) for n in p.force_delete_pods]
         out += [lambda n=n: self.release(n) for n in p.release_pods]
         out += [lambda m=m: self.create(m) for m in p.create]
         if p.delete_job:

@@ -143,6 +143,28 @@ def test_config_is_validated() -> None:
         PlanConfig(global_batch=4, micro_batch=1, max_world=2, min_world=3)
 
 
+def test_pods_planned_out_without_notice_stay_lost_until_a_node_of_theirs_is_back() -> None:
+    """Plan.lost is what members tell the operator (it replaces such a pod): pods, not nodes;
+    a leave (notice) is never lost; a dead spare is; the list survives later plans until the
+    pod's worker, restarted in place as <pod>.<n>, is planned in again."""
+    world = started("job-w-0-0", "job-w-1-0", "job-w-2-0", "job-w-3-0")
+    assert world.lost == ()
+    failed = plan_generation(world, Requests(step=5, dead=frozenset({"job-w-2-0", "job-w-3-0"}),
+                                             steps={"job-w-0-0": 5, "job-w-1-0": 5}), CFG)
+    assert failed.lost == ("job-w-2-0", "job-w-3-0")
+    joined = plan_generation(failed, Requests(step=9, joining=("job-w-4-0",)), CFG)
+    assert joined.lost == ("job-w-2-0", "job-w-3-0")  # another pod's join brings none back
+    back = plan_generation(joined, Requests(step=12, joining=("job-w-2-0.1",)), CFG)
+    assert back.lost == ("job-w-3-0",)
+    left = plan_generation(back, Requests(step=14, leaving=frozenset({"job-w-0-0"})), CFG)
+    assert left.lost == ("job-w-3-0",)
+    assert Plan.from_json(left.to_json()) == left
+    assert m.pod_of("job-w-2-0.12") == "job-w-2-0" and m.pod_of("a.b-w-0-0") == "a.b-w-0-0"
+    stop = plan_stop(left, Requests(step=15, dead=frozenset({"job-w-1-0"}),
+                                    steps={"job-w-4-0": 15}))
+    assert stop.lost == ("job-w-3-0", "job-w-1-0")
+
+
 def test_plans_round_trip_through_the_store_as_json() -> None:
     plan = plan_generation(started("a", "b", "c"),
                            Requests(step=3, dead=frozenset("a"), steps={"b": 3, "c": 4}), CFG)

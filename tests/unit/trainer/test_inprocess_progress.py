@@ -42,3 +42,20 @@ def test_a_regroup_clears_training_since_until_the_next_step() -> None:
     after = metrics.progress_document()
     assert after["trainingSince"] is not None and after["trainingSince"] >= first["trainingSince"]
     assert after["trainingSince"] == after["lastStepTime"]
+
+
+def test_planned_out_pods_are_told_with_their_age_on_this_trainers_clock() -> None:
+    """Each plan's lost pods (Plan.lost), aged from when this trainer first saw each: a later
+    plan that still names a pod keeps its age; one that no longer names it drops it."""
+    metrics.record_start(100, 3, 0)
+    assert "plannedOut" not in metrics.progress_document()
+    metrics.record_planned_out(["w-2-0"])
+    first = metrics._progress.planned_out["w-2-0"]
+    metrics._progress.planned_out["w-2-0"] = first - 20.0  # seen 20 s ago
+    metrics.record_planned_out(["w-2-0", "w-3-0"])
+    told = metrics.progress_document()["plannedOut"]
+    assert set(told) == {"w-2-0", "w-3-0"} and told["w-2-0"] >= 20.0 > told["w-3-0"] >= 0.0
+    metrics.record_planned_out(["w-3-0"])
+    assert set(metrics.progress_document()["plannedOut"]) == {"w-3-0"}
+    metrics.record_planned_out([])
+    assert "plannedOut" not in metrics.progress_document()

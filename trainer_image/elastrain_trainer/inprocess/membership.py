@@ -164,6 +164,10 @@ class Plan:
     # A stop: the old group's nodes, which save `step` before they end. The next start waits
     # for each to have saved or died, so it resumes from that save, not from an older one.
     saving: tuple[str, ...] = ()
+    # Pods (not nodes: a pod restarted in place comes back as node <pod>.<n>) planned out
+    # without notice in this or an earlier generation and not back since, oldest first: what
+    # members tell the operator, which replaces such a pod (docs/recovery.md section 10).
+    lost: tuple[str, ...] = ()
 
     def rank_of(self, node_id: str) -> int | None:
         return self.nodes.index(node_id) if node_id in self.nodes else None
@@ -181,7 +185,8 @@ class Plan:
         raw: dict[str, Any] = json.loads(text)
         raw.pop("ranks", None)
         return cls(**{**raw, "nodes": tuple(raw["nodes"]), "spares": tuple(raw["spares"]),
-                      "saving": tuple(raw.get("saving", ())), "heal": dict(raw["heal"])})
+                      "saving": tuple(raw.get("saving", ())), "heal": dict(raw["heal"]),
+                      "lost": tuple(raw.get("lost", ()))})
 
 
 class NoQuorumError(RuntimeError):
@@ -222,7 +227,30 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
     return Plan(gen=(current.gen if current is not None else 0) + 1, step=step,
                 world_size=world, nodes=nodes, heal=heal,
                 reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
-                accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares)
+                accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares,
+                lost=planned_out(current, req, nodes + spares))
+
+
+# Plans carry at most this many lost pods (the newest): the operator replaces one within
+# seconds, after which its pod is gone and its name means nothing.
+MAX_LOST = 16
+
+
+def pod_of(node_id: str) -> str:
+    """The pod a node runs in: `<pod>.<n>` is the pod's worker restarted in place."""
+    head, dot, tail = node_id.rpartition(".")
+    return head if dot and tail.isdigit() else node_id
+
+
+def planned_out(current: Plan | None, req: Requests, kept: Iterable[str]) -> tuple[str, ...]:
+    """`current`'s lost pods and the pods of its nodes and spares judged dead (not leaving:
+    a leave has notice), less every pod with a node in the next plan (`kept`: it is back)."""
+    if current is None:
+        return ()
+    back = {pod_of(n) for n in kept}
+    dead = [pod_of(n) for n in current.nodes + current.spares
+            if n in req.dead and n not in req.leaving]
+    return tuple(p for p in dict.fromkeys([*current.lost, *dead]) if p not in back)[-MAX_LOST:]
 
 
 def plan_stop(current: Plan, req: Requests) -> Plan:
@@ -243,7 +271,8 @@ def plan_stop(current: Plan, req: Requests) -> Plan:
     else:
         saving = current.nodes
     return Plan(gen=current.gen + 1, step=req.step, world_size=0, nodes=(), heal={},
-                reason="stop", global_batch=current.global_batch, accum=0, saving=saving)
+                reason="stop", global_batch=current.global_batch, accum=0, saving=saving,
+                lost=planned_out(current, req, ()))
 
 
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:

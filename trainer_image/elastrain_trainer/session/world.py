@@ -106,12 +106,13 @@ class WorldChanges:
         self._enter_world()
         metrics.record_generation(plan.gen, plan.world_size, self.step,
                                   regrouped=plan.reason != "start")
+        metrics.record_planned_out(plan.lost)
         if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
             assert plan is not None and last is not None
             emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
                  step=self.step, node=ip.member.node_id, healed_from=last.healed_from,
                  regroup_s=round(last.regroup_s, 4), heal_s=round(last.heal_s, 4),
-                 kept_group=last.kept_group)
+                 kept_group=last.kept_group, lost=list(plan.lost))
 
     def _regroup(self) -> None:
         """A leave or a join agreed at this boundary: the next generation, in this process."""

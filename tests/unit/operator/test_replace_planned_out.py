@@ -1,0 +1,79 @@
+"""Pods the in-process world planned out without notice (policy.replace): replaced once each,
+counted as a failure, the old pod force-deleted; never before the grace, never in Restart mode,
+never a pod that is back."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from elastrain_operator.model import conditions as c
+from elastrain_operator.policy.progress import parse_progress
+from elastrain_operator.policy.replace import planned_out_grace
+
+from .test_planning import T0, World
+
+
+def member(planned_out: dict[str, float]) -> Any:
+    return parse_progress({"step": 40, "totalSteps": 100, "worldSize": 2, "role": "member",
+                           "lastStepTime": T0.isoformat(), "plannedOut": planned_out})
+
+
+def running_world(**spec: Any) -> World:
+    w = World.new(replicas=3, minReplicas=2, maxReplicas=3, **spec)
+    w.reconcile(T0)
+    w.run_all()
+    w.reconcile(T0 + timedelta(seconds=1))
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    return w
+
+
+def test_a_pod_planned_out_past_the_grace_is_counted_once_and_replaced_at_once() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    grace = planned_out_grace(w.parsed())
+    assert grace == 15.0  # 3 x the 5 s heartbeat timeout is shorter
+    now = T0 + timedelta(seconds=30)
+    early = w.reconcile(now, progress=(member({"demo-worker-2-0": grace - 1}),
+                                       member({"demo-worker-2-0": grace - 3})))
+    assert not early.force_delete_pods and not early.counted_restarts
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    # Two members, one of which saw it later: the earliest sighting counts.
+    p = w.reconcile(now, progress=(member({"demo-worker-2-0": grace + 1}),
+                                   member({"demo-worker-2-0": 2.0})))
+    assert p.force_delete_pods == ("demo-worker-2-0",) and not p.delete_pods
+    assert p.counted_restarts == 1
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+    status = w.job["status"]
+    assert status["restarts"] == 1 and status["preemptions"] == 0
+    (loss,) = status["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
+    assert "planned out by the in-process world" in loss["reason"]
+    (event,) = [e for e in p.events if e.reason == c.WORKER_FAILED and "planned out" in e.message]
+    assert event.type == "Warning" and "force-deleted" in event.message
+    # Reports that still name the old pod (a member's list lags) count nothing more.
+    again = w.reconcile(now + timedelta(seconds=1),
+                        progress=(member({"demo-worker-2-0": grace + 2}),))
+    assert not again.counted_restarts and w.job["status"]["restarts"] == 1
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+
+
+def test_restart_mode_and_a_pod_that_finished_are_left_alone() -> None:
+    w = running_world(recovery={"mode": "Restart"})
+    p = w.reconcile(T0 + timedelta(seconds=60),
+                    progress=(member({"demo-worker-2-0": 100.0}),))
+    assert not p.force_delete_pods and not p.counted_restarts
+    inproc = running_world(recovery={"mode": "InProcess"})
+    inproc.set_pod("demo-worker-2-0", "Failed", exit_code=1)
+    p = inproc.reconcile(T0 + timedelta(seconds=60),
+                         progress=(member({"demo-worker-2-0": 100.0}),))
+    # Counted once, by its exit (a failure), not a second time as planned out.
+    assert p.counted_restarts == 1 and not p.force_delete_pods
+
+
+def test_the_grace_follows_a_long_heartbeat_timeout_and_bad_entries_are_dropped() -> None:
+    w = World.new(recovery={"mode": "InProcess", "heartbeatTimeoutSeconds": 10})
+    assert planned_out_grace(w.parsed()) == 30.0
+    told = parse_progress({"step": 1, "plannedOut": {"a": 3, "b": "x", "c": -1, "d": True,
+                                                     "e": float("nan"), "f": 2.5}})
+    assert told is not None and dict(told.planned_out) == {"a": 3.0, "f": 2.5}
+    assert parse_progress({"step": 1, "plannedOut": ["a"]}).planned_out == {}  # type: ignore[union-attr]
