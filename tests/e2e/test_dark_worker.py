@@ -8,7 +8,8 @@ each survivor severs its own sockets of that generation (docs/recovery.md sectio
 train on at world 2 in their processes, redoing at most the step in flight. Then the pod
 thaws, as a partition lifts: its own collective fails on the reset sockets, it finds itself
 planned out, restarts its worker in place and rejoins healed from a live peer; the world is
-whole again without a new pod.
+whole again without a new pod. A second worker then stays frozen: past the grace
+(policy.replace) the operator force-deletes it and its replacement joins (issue 34 item 4).
 
 InProcess only: in Restart mode nothing but the collective timeout ends the survivors' wait
 until the operator replaces a pod the trainers planned out, which issue 34's item 4 owns.
@@ -108,4 +109,32 @@ def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_
                         whole_after_thaw_s=round(float(whole["time"]) - thawed, 2))
         print(f"{pod} frozen: world 2 after {recovery_s:.2f} s; thawed after "
               f"{thawed - at:.2f} s; world 3 again {float(whole['time']) - thawed:.2f} s later")
+
+        # A worker that stays dark: the world plans it out as above, and the operator, told so
+        # by the members' control answers (plannedOut), replaces it (issue 34 item 4): counted
+        # once as a failure, the old pod force-deleted, the world whole again with a new pod.
+        dark = t.worker(1)
+        before = t.counters()
+        frozen = process_tree(container_pid(k, ns, dark))
+        at = time.time()
+        signal_all(frozen, signal.SIGSTOP)
+        try:
+            replacement = wait_for("worker 1's replacement pod", lambda: next(
+                (p["metadata"]["name"] for p in t.workers()
+                 if p["metadata"]["labels"]["elastrain.dev/worker-index"] == "1"
+                 and p["metadata"]["name"] != dark), None), timeout=120)
+            replaced_s = time.time() - at
+        finally:
+            signal_all(frozen, signal.SIGCONT)  # the pod is being force-deleted: let it go
+        back = wait_for("the replacement in the world, healed from a peer", lambda: next(
+            (r for r in logs.events("regroup") if float(r["time"]) > at
+             and r.get("node") == replacement and r["world_size"] == 3), None), timeout=180)
+        assert t.counters() == (before[0], before[1] + 1)
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+        assert loss["reason"].startswith("planned out by the in-process world"), loss
+        print(f"{dark} stayed dark: replaced by {replacement} after {replaced_s:.1f} s, world 3 "
+              f"again {float(back['time']) - at:.1f} s after it froze")
+        record_recovery("19-dark-worker-1-replaced", float(back["time"]) - at, mode=INPROCESS,
+                        pod=dark, replaced_after_s=round(replaced_s, 1))
     k("delete", "trainingjob", JOB, "-n", ns, "--wait=true", "--timeout=120s", check=False)

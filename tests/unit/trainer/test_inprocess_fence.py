@@ -30,12 +30,16 @@ def test_the_fence_passes_in_the_current_generation_and_refuses_once_it_moved_on
     assert world.try_advance(0) and world.try_advance(1)  # generation 2 is current
     epoch = Epoch(True, "a", "n1")
     mine: list[Plan | None] = [plan(2)]
-    fence = StoreFence(connect, lambda: (epoch, mine[0]))
+    stop: list[int | None] = [None]
+    fence = StoreFence(connect, lambda: (epoch, mine[0], stop[0]))
     assert fence() == (epoch.text(), 2)
     assert world.try_advance(2)  # the others planned generation 3 without this node
     with pytest.raises(FencedError, match="planned out: generation 3 is the world's, this "
                                           "node's is 2"):
         fence()
+    stop[0] = 3  # generation 3 is a stop whose save this node makes on its old group
+    assert fence() == (epoch.text(), 2)
+    stop[0] = None
     mine[0] = plan(3)  # a node kept in generation 3 commits
     assert fence()[1] == 3
     mine[0] = None

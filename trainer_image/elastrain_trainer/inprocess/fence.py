@@ -8,9 +8,10 @@ would stop it (no compare-and-set), so its coordinator would commit an old step 
 coordinator right before a commit: it asks the job's store which generation is current. A save
 never spans two generations (session.world waits for it before every change), so a commit made
 in the current generation is the world's; once `gen` has moved past this node's generation, the
-commit is refused. When the store cannot answer, nothing proves that this node is still in the
-world, so that commit is refused too (the next save retries; a store lost for long is already
-told by `store_lost`).
+commit is refused, unless the current generation is a stop whose save this node makes (too few
+nodes remained: the old group's nodes save its step, section 8). When the store cannot answer,
+nothing proves that this node is still in the world, so that commit is refused too (the next
+save retries; a store lost for long is already told by `store_lost`).
 """
 
 from __future__ import annotations
@@ -33,17 +34,18 @@ class FencedError(RuntimeError):
 class StoreFence:
     """`connect(connect_within)`: a new client of the job's store (the fence's own: it runs on
     the upload thread, beside the training thread's and the heartbeat's clients).
-    `current()`: the store incarnation and the plan this node is in now."""
+    `current()`: the store incarnation, the plan this node is in now, and the stop generation
+    whose save it makes (None: none)."""
 
     def __init__(self, connect: Callable[[timedelta | None], MembershipStore],
-                 current: Callable[[], tuple[Epoch | None, Plan | None]]) -> None:
+                 current: Callable[[], tuple[Epoch | None, Plan | None, int | None]]) -> None:
         self._connect, self._current = connect, current
         self._store: MembershipStore | None = None
         self._lock = threading.Lock()
 
     def __call__(self) -> tuple[str, int]:
         """(store epoch, generation) for the commit's marker; FencedError refuses the commit."""
-        epoch, plan = self._current()
+        epoch, plan, stop_gen = self._current()
         if plan is None:
             raise FencedError("this node is in no generation")
         with self._lock:
@@ -56,7 +58,7 @@ class StoreFence:
                 self._store = None  # a new client next time
                 raise FencedError(f"the job's store cannot confirm generation {plan.gen}: "
                                   f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from e
-        if current > plan.gen:
+        if current > plan.gen and current != stop_gen:
             raise FencedError(f"planned out: generation {current} is the world's, this node's "
                               f"is {plan.gen}")
         return epoch.text() if epoch is not None else "", plan.gen

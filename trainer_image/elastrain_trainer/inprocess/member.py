@@ -102,7 +102,7 @@ class Member(Admission):
         # them): what the heartbeat thread severs when one of those generations fails.
         self._sockets: tuple[frozenset[int], GroupSockets, tuple[str, ...]] | None = None
         # What the checkpoint manager asks before a commit: is this node still in the world?
-        self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan))
+        self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan, self._stop_gen))
 
     def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,
