@@ -9,9 +9,13 @@ coordinator right before a commit: it asks the job's store which generation is c
 never spans two generations (session.world waits for it before every change), so a commit made
 in the current generation is the world's; once `gen` has moved past this node's generation, the
 commit is refused, unless the current generation is a stop whose save this node makes (too few
-nodes remained: the old group's nodes save its step, section 8). When the store cannot answer,
-nothing proves that this node is still in the world, so that commit is refused too (the next
-save retries; a store lost for long is already told by `store_lost`).
+nodes remained: the old group's nodes save its step, section 8).
+
+When the store cannot answer, the commit goes ahead: training goes on while the store is lost
+(section 7), and a world whose store is away for minutes must keep committing, or a later loss
+costs all of it (seen: a refusing fence left a world that trained through a store's loss with
+nothing to resume from). Such a commit still records its generation, so the bucket's rule
+(checkpoint/catalog.py) fences it if it turns out stale.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ class StoreFence:
     """`connect(connect_within)`: a new client of the job's store (the fence's own: it runs on
     the upload thread, beside the training thread's and the heartbeat's clients).
     `current()`: the store incarnation, the plan this node is in now, and the stop generation
-    whose save it makes (None: none)."""
+    whose save it makes (None: none). `store_lost()`: the heartbeat lost the store (then the
+    fence does not wait on it)."""
 
     def __init__(self, connect: Callable[[timedelta | None], MembershipStore],
-                 current: Callable[[], tuple[Epoch | None, Plan | None, int | None]]) -> None:
-        self._connect, self._current = connect, current
+                 current: Callable[[], tuple[Epoch | None, Plan | None, int | None]],
+                 store_lost: Callable[[], bool] = lambda: False) -> None:
+        self._connect, self._current, self._store_lost = connect, current, store_lost
         self._store: MembershipStore | None = None
         self._lock = threading.Lock()
 
@@ -48,17 +54,19 @@ class StoreFence:
         epoch, plan, stop_gen = self._current()
         if plan is None:
             raise FencedError("this node is in no generation")
+        mine = epoch.text() if epoch is not None else "", plan.gen
+        if self._store_lost():
+            return mine
         with self._lock:
             try:
                 if self._store is None:
                     self._store = self._connect(ANSWER_WITHIN)
                     self._store.raw.set_timeout(ANSWER_WITHIN)
                 current = self._store.generation()
-            except Exception as e:
+            except Exception:
                 self._store = None  # a new client next time
-                raise FencedError(f"the job's store cannot confirm generation {plan.gen}: "
-                                  f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from e
+                return mine
         if current > plan.gen and current != stop_gen:
             raise FencedError(f"planned out: generation {current} is the world's, this node's "
                               f"is {plan.gen}")
-        return epoch.text() if epoch is not None else "", plan.gen
+        return mine

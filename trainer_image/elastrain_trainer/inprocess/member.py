@@ -102,7 +102,8 @@ class Member(Admission):
         # them): what the heartbeat thread severs when one of those generations fails.
         self._sockets: tuple[frozenset[int], GroupSockets, tuple[str, ...]] | None = None
         # What the checkpoint manager asks before a commit: is this node still in the world?
-        self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan, self._stop_gen))
+        self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan, self._stop_gen),
+                                lambda: self.heartbeat.lost)
 
     def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,
