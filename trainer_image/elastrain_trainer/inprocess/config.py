@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
+from elastrain_trainer.inprocess.membership import restarted_node_id
 
 MODES = ("restart", "inProcess")
 
@@ -74,10 +75,8 @@ def read_inprocess_config(env: Mapping[str, str]) -> InProcessConfig | None:
                          f"got {env.get('ELASTRAIN_STORE', '')!r}")
     node_id = env.get("ELASTRAIN_NODE_ID", "")
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if node_id and restart > 0:
-        # The launcher restarted this worker in place (it exited EXIT_RESTART): a new process
-        # holds none of the old one's state or generation, so it joins as a new node.
-        node_id = f"{node_id}.{restart}"
+    if node_id:  # the launcher restarted this worker in place when it exited EXIT_RESTART
+        node_id = restarted_node_id(node_id, restart)
     return InProcessConfig(
         store_host=host, store_port=int(port), node_id=node_id,
         run_id=env.get("ELASTRAIN_RUN_ID", ""), replicas=int(env.get("ELASTRAIN_REPLICAS", "1")),

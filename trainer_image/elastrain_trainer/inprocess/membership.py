@@ -236,8 +236,14 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
 MAX_LOST = 16
 
 
+def restarted_node_id(pod: str, restart: int) -> str:
+    """The node a pod's worker is after its launcher restarted it in place `restart` times: a
+    new process holds none of the old one's state or generation, so it joins as a new node."""
+    return f"{pod}.{restart}" if restart > 0 else pod
+
+
 def pod_of(node_id: str) -> str:
-    """The pod a node runs in: `<pod>.<n>` is the pod's worker restarted in place."""
+    """The pod a node runs in (restarted_node_id's inverse)."""
     head, dot, tail = node_id.rpartition(".")
     return head if dot and tail.isdigit() else node_id
 
