@@ -199,3 +199,37 @@ def test_a_coordinator_frozen_before_its_commit_is_fenced_when_it_thaws(
     # Every commit is of the world that made it: generations rise with the commit order.
     gens = [c.gen for c in catalog.commits]
     assert gens == sorted(gens) and min(gens) >= 1, catalog.commits
+
+
+def test_a_training_thread_the_sever_does_not_release_is_restarted_in_place(
+        pods: Pods, tmp_path: Path) -> None:
+    """inprocess.stuck. gloo fails every wait on a severed pair but an unbound buffer's send
+    already under way (seen: a node thawed after it was planned out sat in `waitSend` for the
+    collective's 5 minutes, its heartbeat beating, so its peers waited for its report as long).
+    b's training thread is held the same way (the hang fault: uninterruptible, b still beats)
+    when c goes dark: the generation fails, b severs, and 10 s on (its bound) b restarts in
+    place (b.1) instead of holding the world; a trains on and both come back, healed. Seen
+    failing with the restart left out (StuckWatch's exit a no-op): a waited on b's report and
+    never trained past step 16 ("timed out waiting for a training on")."""
+    faults = tmp_path / "faults.env"
+    faults.write_text("ELASTRAIN_FAULT_HANG_AT_STEP=15\n")
+    pods.start("a", 3, STEPS="120")
+    pods.start("b", 3, STEPS="120", FAULT_INJECTION_FILE=str(faults))
+    pods.start("c", 3, STEPS="120")
+    wait_for(lambda: "injected hang at step 15" in pods.log("b"), "b's thread held", timeout=180)
+    pods.signal_pod("c", signal.SIGSTOP)
+    wait_for(lambda: any(r["event"] == "stuck_in_severed_generation"
+                         for r in pods.records("b")), "b found stuck", timeout=60)
+    wait_for(lambda: any(r["event"] == "step" and r["step"] > 16 for r in pods.records("a")),
+             "a training on", timeout=60)
+    pods.signal_pod("c", signal.SIGCONT)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    [stuck] = [r for r in pods.records("b") if r["event"] == "stuck_in_severed_generation"]
+    assert stuck["gen"] == 1 and stuck["after_s"] >= 10, stuck
+    regroups = [r for r in pods.all_records() if r["event"] == "regroup"]
+    assert not {r["node"] for r in regroups} & {"a.1"}, regroups  # a kept its process
+    back = [r for r in regroups if r["node"].startswith("b.") and r["reason"] == "join"]
+    assert back and back[0]["healed_from"] is not None, regroups
+    numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 121)), numbers

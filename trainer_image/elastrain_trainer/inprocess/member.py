@@ -62,8 +62,9 @@ from elastrain_trainer.inprocess.membership import (
     plan_stop,
     successor_order,
 )
-from elastrain_trainer.inprocess.sever import GroupSockets
+from elastrain_trainer.inprocess.sever import GroupSockets, HeldGroups
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.inprocess.stuck import StuckWatch, bound_for
 from elastrain_trainer.parallel import Groups
 
 __all__ = ["Change", "EntryFailedError", "Member", "MemberConfig", "NotHealedError",
@@ -100,8 +101,11 @@ class Member(Admission):
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
         # The sockets of the groups in use and the generations they serve (kept plans reuse
         # them): what the heartbeat thread severs when one of those generations fails.
-        self._sockets: tuple[frozenset[int], GroupSockets, tuple[str, ...]] | None = None
+        self._held: HeldGroups | None = None
         # What the checkpoint manager asks before a commit: is this node still in the world?
+        self.stuck = StuckWatch(cfg.node_id, bound_for(cfg.heartbeat_timeout_s),
+                                lambda gen: (self.plan is not None and self.plan.gen == gen
+                                             and not self.dissolving))
         self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan, self._stop_gen),
                                 lambda: self.heartbeat.lost)
 
@@ -140,7 +144,7 @@ class Member(Admission):
         assert rank is not None
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.cfg.on_role("member")
-        self._sockets = None
+        self._held = None
         if plan.reason == "start":
             before = sever.socket_fds()
             self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
@@ -152,7 +156,7 @@ class Member(Admission):
             self._init_entered(plan, rank)
         sockets = GroupSockets.since(before)
         self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
-        self._sockets = (frozenset([plan.gen]), sockets, plan.nodes)
+        self._held = HeldGroups(frozenset([plan.gen]), sockets, plan.nodes)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
@@ -164,10 +168,9 @@ class Member(Admission):
         Its sockets serve the new generation too, before the heartbeat watches it (a failure of
         it is severed), and its listeners are published under it (the old generations' keys
         are forgotten two generations on)."""
-        if self._sockets is not None:
-            gens, sockets, nodes = self._sockets
-            self._sockets = (gens | {plan.gen}, sockets, nodes)
-            self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
+        if self._held is not None:
+            self._held = self._held.serving(plan.gen)
+            self.store.publish_listeners(plan.gen, self.node_id, self._held.sockets.published())
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
@@ -423,20 +426,11 @@ class Member(Admission):
         """The heartbeat thread's: generation `gen` failed. If this node's groups serve it, shut
         down their pairs (`inprocess.sever`): a collective blocked on a peer that went dark
         fails now, as on a killed peer, instead of at its timeout."""
-        held = self._sockets
-        if held is None or gen not in held[0]:
-            return
-        gens, sockets, nodes = held
-        # A peer publishes under each generation the group serves as it enters it; one that
-        # went dark first published under an earlier one: the newest each peer has counts.
-        published: dict[str, str] = {}
-        for g in sorted(gens, reverse=True):
-            rest = [n for n in nodes if n != self.node_id and n not in published]
-            if not rest:
-                break
-            published |= store.listeners(g, rest)
-        peers = [e for text in published.values() for e in sever.parse_published(text)]
-        emit("severed", node=self.node_id, gen=gen, sockets=sockets.sever(peers))
+        held = self._held
+        severed = held.sever(gen, self.node_id, store.listeners) if held is not None else None
+        if severed is not None:
+            emit("severed", node=self.node_id, gen=gen, sockets=severed)
+            self.stuck.severed(gen)  # the bound behind the sever (inprocess.stuck)
 
     def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:
         """A collective of this generation failed (a peer is gone). Tear the group down at
@@ -448,6 +442,8 @@ class Member(Admission):
         Call it outside the `except` block that caught the failure: while the exception's
         traceback lives, the failed step's frames keep the group (and its sockets) alive, and a
         survivor blocked on this node waits for its collective timeout instead."""
+        if self.plan is not None:
+            self.stuck.released(self.plan.gen)
         self._follow_store(needed=True)
         if self.founded is not None:
             raise self._founded_error()

@@ -28,7 +28,7 @@ import ipaddress
 import json
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 LISTEN = "0A"
 # A pair that can still be cut: established, or the peer's end closed and ours not yet.
@@ -144,6 +144,36 @@ class GroupSockets:
         fds = socket_fds()
         chosen = pair_sockets(self.created & set(fds), tcp_table(), self.listeners, peers)
         return sum(_shutdown(fds[inode], inode) for inode in chosen)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldGroups:
+    """A member's groups in use: their sockets, the generations they serve (a kept plan reuses
+    them) and the nodes they connect."""
+
+    gens: frozenset[int]
+    sockets: GroupSockets
+    nodes: tuple[str, ...]
+
+    def serving(self, gen: int) -> HeldGroups:
+        return dataclasses.replace(self, gens=self.gens | {gen})
+
+    def sever(self, gen: int, node_id: str,
+              listeners: Callable[[int, list[str]], Mapping[str, str]]) -> int | None:
+        """Shut down these groups' pairs if they serve `gen` (how many; None: they do not).
+        `listeners(g, nodes)`: what each node published under generation g. A peer publishes
+        under each generation the groups serve as it enters it; one that went dark first
+        published under an earlier one: the newest each peer has counts."""
+        if gen not in self.gens:
+            return None
+        published: dict[str, str] = {}
+        for g in sorted(self.gens, reverse=True):
+            rest = [n for n in self.nodes if n != node_id and n not in published]
+            if not rest:
+                break
+            published |= listeners(g, rest)
+        return self.sockets.sever([e for text in published.values()
+                                   for e in parse_published(text)])
 
 
 def parse_published(text: str) -> list[Endpoint]:
