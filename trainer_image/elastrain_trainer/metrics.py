@@ -107,6 +107,10 @@ class _Progress:
     # InProcess: pods the world planned out without notice and not back since (Plan.lost),
     # each with when (this process's monotonic clock) this trainer first saw it so.
     planned_out: dict[str, float] = field(default_factory=dict)
+    # InProcess: the pods of the current plan, in the world and waiting as its spares (the
+    # operator moves a worker off a node with a notice once its replacement is among them).
+    members: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
 
 
 _progress = _Progress()
@@ -185,6 +189,12 @@ def record_planned_out(pods: Iterable[str]) -> None:
     now = time.monotonic()
     with _lock:
         _progress.planned_out = {p: _progress.planned_out.get(p, now) for p in pods}
+
+
+def record_world_pods(members: Iterable[str], spares: Iterable[str]) -> None:
+    """The current plan's pods: its members and its spares."""
+    with _lock:
+        _progress.members, _progress.spares = tuple(members), tuple(spares)
 
 
 def record_role(role: str) -> None:
@@ -364,7 +374,9 @@ def _document() -> dict[str, Any]:
             **({"role": _progress.role} if _progress.role is not None else {}),
             **({"plannedOut": {p: round(time.monotonic() - t, 1)
                                for p, t in _progress.planned_out.items()}}
-               if _progress.planned_out else {})}
+               if _progress.planned_out else {}),
+            **({"members": list(_progress.members), "spares": list(_progress.spares)}
+               if _progress.members else {})}
 
 
 def _validation() -> dict[str, Any] | None:

@@ -5,10 +5,12 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
 "lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null,
-"role": "member"|"spare", "plannedOut": {pod: seconds}}` (the last seven are newer: older
-trainers leave them out; `role` and `plannedOut` only in-process trainers send: `role` once a
-plan named them, `plannedOut` the pods their world planned out without notice and not back
-since, with how long ago this trainer saw it; policy.replace acts on it).
+"role": "member"|"spare", "plannedOut": {pod: seconds}, "members": [pod], "spares": [pod]}`
+(the last nine are newer: older trainers leave them out; the last four only in-process
+trainers send: `role` once a plan named them, `plannedOut` the pods their world planned out
+without notice and not back since, with how long ago this trainer saw it (policy.replace acts
+on it), `members` and `spares` the pods of its plan (policy.notices waits for a replacement
+among them before it moves a worker off a node with a notice)).
 The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored;
 in-process jobs on the control channel, `POST /control` with the job's token and the desired
 workers, which answers the same document: how their trainers learn the desired world after a
@@ -65,6 +67,8 @@ class ProgressReport:
     role: Role | None = None  # in-process only: in the world, or waiting as a spare
     # In-process only: pod -> seconds since the world planned it out without notice.
     planned_out: Mapping[str, float] = field(default_factory=dict)
+    # In-process only: the pods of the plan this trainer is in (members and spares).
+    world_pods: frozenset[str] = frozenset()
 
     @property
     def spare(self) -> bool:
@@ -93,7 +97,8 @@ def parse_progress(payload: Any) -> ProgressReport | None:
     return ProgressReport(progress=progress, checkpoint=ckpt, started_at=started_at,
                           fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")),
                           role=_role(payload.get("role")),
-                          planned_out=_planned_out(payload.get("plannedOut")))
+                          planned_out=_planned_out(payload.get("plannedOut")),
+                          world_pods=_pods(payload.get("members")) | _pods(payload.get("spares")))
 
 
 def _role(raw: Any) -> Role | None:
@@ -107,6 +112,13 @@ def _planned_out(raw: Any) -> dict[str, float]:
         return {}
     return {k: float(v) for k, v in raw.items() if isinstance(k, str) and len(k) <= 253
             and isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e9}
+
+
+def _pods(raw: Any) -> frozenset[str]:
+    """The newer "members"/"spares" fields: pod names; anything else is dropped."""
+    if not isinstance(raw, list):
+        return frozenset()
+    return frozenset(p for p in raw[:1024] if isinstance(p, str) and 0 < len(p) <= 253)
 
 
 def member_reports(reports: Sequence[ProgressReport] | None,

@@ -43,6 +43,13 @@ def start_with_a_spare(pods: Pods, steps: int = 120) -> dict[str, int]:
     wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
     wait_for(lambda: sorted(map(str, roles(ports).values())) == ["member", "member", "spare"],
              "two members and a spare in /progress")
+    # Each member names the plan's pods (what the operator waits for before it moves a worker
+    # off a node with a notice: policy.notices).
+    spare = spare_of(ports)
+    for node in set(ports) - {spare}:
+        told = progress(ports[node])
+        assert sorted(told["members"]) == sorted(set(ports) - {spare}) and \
+            told["spares"] == [spare], told
     return ports
 
 

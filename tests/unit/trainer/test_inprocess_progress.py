@@ -59,3 +59,11 @@ def test_planned_out_pods_are_told_with_their_age_on_this_trainers_clock() -> No
     assert set(metrics.progress_document()["plannedOut"]) == {"w-3-0"}
     metrics.record_planned_out([])
     assert "plannedOut" not in metrics.progress_document()
+
+
+def test_the_plans_pods_are_told_once_a_plan_named_them() -> None:
+    metrics.record_start(100, 3, 0)
+    assert "members" not in metrics.progress_document()
+    metrics.record_world_pods(["w-0-0", "w-1-0"], ["w-2-0"])
+    doc = metrics.progress_document()
+    assert (doc["members"], doc["spares"]) == (["w-0-0", "w-1-0"], ["w-2-0"])

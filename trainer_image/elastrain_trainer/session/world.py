@@ -18,6 +18,7 @@ from elastrain_trainer import metrics
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
+from elastrain_trainer.inprocess.membership import pod_of
 from elastrain_trainer.inprocess.session import PeerLostInSettle, find_model
 from elastrain_trainer.loaders import tracker
 from elastrain_trainer.parallel import DistEnv, Groups
@@ -107,6 +108,7 @@ class WorldChanges:
         metrics.record_generation(plan.gen, plan.world_size, self.step,
                                   regrouped=plan.reason != "start")
         metrics.record_planned_out(plan.lost)
+        metrics.record_world_pods(map(pod_of, plan.nodes), map(pod_of, plan.spares))
         if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
             assert plan is not None and last is not None
             emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
