@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 from collections.abc import Sequence
 
 import kopf
 
+from elastrain_operator.k8s.nodes import nodes_readable, read_notice_settings
 from elastrain_operator.network_settings import read_network_settings
 from elastrain_operator.startup import OperatorState, RuntimeOptions
 
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
     args = build_parser(prog).parse_args(argv)
     try:
         network = read_network_settings()
+        notice_taints = read_notice_settings(os.environ)
     except ValueError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -59,6 +62,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
 
     if network.enabled:
         handlers.watch_network_policies()
+    notices_off = ""
+    if notice_taints is not None and (why := _nodes_unreadable()) is not None:
+        logging.getLogger("elastrain_operator").warning("node notices are off: %s", why)
+        notice_taints, notices_off = None, why
+    if notice_taints is not None:
+        handlers.watch_nodes()
 
     clusterwide = args.all_namespaces or not args.namespace
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
@@ -66,7 +75,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         standalone=args.standalone, peering_name=args.peering, priority=priority,
         clusterwide=clusterwide, namespaces=list(args.namespace),
         metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime,
-        network=network)
+        network=network, notice_taints=notice_taints, notices_off=notices_off)
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)
@@ -82,6 +91,24 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         memo=kopf.Memo(options=options, state=OperatorState()),
     )
     return 0
+
+
+def _nodes_unreadable() -> str | None:
+    """Why the operator may not read nodes, or None (a failure of another kind: the watch's
+    own retries deal with it)."""
+    from elastrain_operator.k8s.client import Kube, load_api_client
+    try:
+        api = load_api_client()
+    except Exception as err:  # no credentials yet: kopf's login says so, notices stay on
+        logging.getLogger("elastrain_operator").debug("node probe skipped: %s", err)
+        return None
+    try:
+        return nodes_readable(Kube(api))
+    except Exception as err:
+        logging.getLogger("elastrain_operator").debug("node probe failed: %s", err)
+        return None
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ runs reconcile_if_needed() for the noted jobs on threads of its own:
   renders them: watch_network_policies) labelled with a job's name, updates
   the in-memory view (k8s.cache); a change the planner can see queues the job as urgent (a
   deleted job's pods are released this way too);
+- every watch event of a Node (when notices are on: watch_nodes) updates what the nodes say
+  of their going (k8s.nodes); a change queues the jobs with a worker on that node;
 - a ticker (one kopf daemon per live job, tickers.py) queues the job as routine every
   ELASTRAIN_TIMER_INTERVAL_SECONDS (and asks for the trainers' progress every
   ELASTRAIN_PROGRESS_INTERVAL_SECONDS): time-driven steps (backoff,
@@ -101,6 +103,25 @@ def watch_network_policies() -> None:
     them off need not grant the operator any right on networkpolicies."""
     kopf.on.event("networking.k8s.io", "v1", "networkpolicies",
                   labels={LABEL_JOB: kopf.PRESENT})(on_owned_network_policy_event)
+
+
+async def on_node_event(*, type: str | None, body: kopf.Body, name: str, memo: Any,
+                        **_: Any) -> None:
+    """What a node says of its going changed: every job with a worker on it plans again."""
+    state = _state(memo)
+    assert state.queue
+    notices = state.notices
+    if notices is None:
+        return
+    changed = notices.remove(name) if type == "DELETED" else notices.put(dict(body))
+    if changed:
+        for key in state.cache.jobs_on(name):
+            state.queue.add(key, urgent=True)
+
+
+def watch_nodes() -> None:
+    """Registered only when notices are on and the operator may read nodes (k8s.nodes)."""
+    kopf.on.event("", "v1", "nodes")(on_node_event)
 
 
 # What pyproject.toml pins kopf to: the versions the tests ran.

@@ -2,7 +2,8 @@
 
 A unit test checks the chart grants these and nothing else, in each mode. Secrets: create only
 (each in-process job's control Secret, control.py), never read: problems with the user's Secrets
-are read from the pods' waiting reasons. No Nodes: node loss arrives as a pod condition.
+are read from the pods' waiting reasons. Nodes: read only (list and watch), and only for node
+notices (k8s.nodes, the chart's `notices.enabled`); node loss arrives as a pod condition.
 
 Each rule says where it is granted and when it is needed at all:
 - `cluster_scoped=False`: rights over objects inside a namespace. A namespaced operator
@@ -15,6 +16,7 @@ Each rule says where it is granted and when it is needed at all:
   it keeps its keep-alives in a ClusterKopfPeering cluster-wide and in a KopfPeering per
   namespace otherwise.
 - `peering`: only with kopf peering; `--standalone` touches no peering object.
+- `notices`: only when the operator reads node notices (policy.notices).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Rule(NamedTuple):
     cluster_scoped: bool = False
     mode: Mode | None = None  # None: needed in both modes
     peering: bool = False  # needed only with kopf peering
+    notices: bool = False  # needed only when node notices are read
 
 
 RULES: Final[tuple[Rule, ...]] = (
@@ -60,10 +63,14 @@ RULES: Final[tuple[Rule, ...]] = (
          cluster_scoped=True),
     # A namespaced kopf lists and watches namespaces to serve them as they come and go.
     Rule(("",), ("namespaces",), ("list", "watch"), cluster_scoped=True, mode="namespaced"),
+    # Node notices: a cordon or a listed taint on a worker's node (k8s.nodes), in both modes.
+    Rule(("",), ("nodes",), ("list", "watch"), cluster_scoped=True, notices=True),
 )
 
 
-def rules_for(mode: Mode, *, peering: bool) -> tuple[Rule, ...]:
-    """The rules an operator in `mode` (with or without kopf peering) needs."""
+def rules_for(mode: Mode, *, peering: bool, notices: bool = True) -> tuple[Rule, ...]:
+    """The rules an operator in `mode` (with or without kopf peering, reading node notices or
+    not) needs."""
     return tuple(r for r in RULES
-                 if r.mode in (None, mode) and (peering or not r.peering))
+                 if r.mode in (None, mode) and (peering or not r.peering)
+                 and (notices or not r.notices))

@@ -38,6 +38,7 @@ from elastrain_operator.k8s.apply import (
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, Manifest
 from elastrain_operator.k8s.events import post_events
+from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.k8s.observe import observe, orphaned_pods, read_job
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import LABEL_ROLE, ROLE_WORKER
@@ -45,6 +46,7 @@ from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
+from elastrain_operator.policy.round import Observed
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.probe import poll_progress, told_replicas
 from elastrain_operator.render.control import controlled, render_control_secret
@@ -69,6 +71,8 @@ class Options:
     cache: Cache | None = None  # the watch-fed view; None: observe everything live
     network: MetricsPeers | None = None  # each job gets its NetworkPolicy; None: no policies
     control_key: bytes | None = None  # the operator's (control.py); None: no control channel
+    notices: NodeNotices | None = None  # what nodes say of their going; None: not read
+    notices_off: str = ""  # why not, when the operator was asked to read them
 
 
 def control_token(options: Options, job: TrainingJob) -> str | None:
@@ -76,6 +80,15 @@ def control_token(options: Options, job: TrainingJob) -> str | None:
     if options.control_key is None or not controlled(job):
         return None
     return job_token(options.control_key, job.metadata.uid)
+
+
+def with_notices(observed: Observed, options: Options) -> Observed:
+    """The notices of the nodes the job's workers run on (policy.notices)."""
+    if options.notices is None:
+        return replace(observed, notices_off=options.notices_off) if options.notices_off \
+            else observed
+    return replace(observed, notices=options.notices.of({w.node for w in observed.workers
+                                                         if w.node}))
 
 
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
@@ -100,7 +113,7 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
     children = cache.children(key, cached.job.metadata.uid)
     if children is None:
         return True, options
-    observed = children.observed
+    observed = with_notices(children.observed, options)
     if options.poll_progress:
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
@@ -177,7 +190,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
            now: datetime, polled: list[tuple[ProgressReport, ...]]) -> None:
     ns = job.metadata.namespace
     children = observe(kube, job, options.cache, network_policy=options.network is not None)
-    observed = children.observed
+    observed = with_notices(children.observed, options)
     if options.progress is not None:
         observed = replace(observed, progress=options.progress)
     elif options.poll_progress:

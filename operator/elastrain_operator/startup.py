@@ -24,6 +24,7 @@ from elastrain_operator import metrics
 from elastrain_operator.control import load_key
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
+from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.network_settings import NetworkPolicySettings
 from elastrain_operator.reconcile import Options, reconcile_if_needed
 from elastrain_operator.tickers import Tickers
@@ -56,6 +57,8 @@ class RuntimeOptions:
     metrics_port: int = 0
     peering_lifetime_seconds: int = 60
     network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+    notice_taints: tuple[str, ...] | None = None  # k8s.nodes; None: notices off
+    notices_off: str = ""  # why they are off though asked for (no right to read nodes)
 
 
 @dataclass
@@ -69,6 +72,8 @@ class OperatorState:
     last_progress_poll: dict[str, float] = field(default_factory=dict)
     network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
     control_key: bytes | None = None  # control.py; loaded at startup
+    notices: NodeNotices | None = None  # k8s.nodes; None: notices off
+    notices_off: str = ""
     _deleted: dict[Key, set[str]] = field(default_factory=dict)  # key -> uids of deleted jobs
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -84,7 +89,9 @@ class OperatorState:
             network = self.network.peers if self.network.enabled else None
             reconcile_if_needed(self.kube, key, Options(poll_progress=poll, cache=self.cache,
                                                         network=network,
-                                                        control_key=self.control_key))
+                                                        control_key=self.control_key,
+                                                        notices=self.notices,
+                                                        notices_off=self.notices_off))
         finally:
             # Here rather than on the DELETED event: a round of the job in flight then would
             # record it again after. Rounds of one key never overlap, and the event queues one.
@@ -144,6 +151,9 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.background.cancellation_polling = 1.0
     state.network = options.network
     state.control_key = load_key()
+    if options.notice_taints is not None:
+        state.notices = NodeNotices(options.notice_taints)
+    state.notices_off = options.notices_off
     if options.network.enabled and options.network.peers.operator is None:
         log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
                     "leaves the workers' metrics/progress port open to every pod")

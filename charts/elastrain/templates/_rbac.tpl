@@ -57,4 +57,10 @@ namespace is watched); cluster-scoped rules always need a ClusterRole.
   resources: ["clusterkopfpeerings"]
   verbs: ["get", "list", "watch", "patch", "create"]
 {{- end }}
+{{- if .Values.notices.enabled }}
+# Node notices: a cordon or a listed taint on a worker's node (read only).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end -}}

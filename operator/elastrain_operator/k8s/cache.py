@@ -262,6 +262,17 @@ class Cache:
         self._versions[key] = self._versions.get(key, 0) + 1
         self._quiet.pop(key, None)
 
+    def jobs_on(self, node: str) -> list[Key]:
+        """The jobs with a worker pod on `node`, their checks made stale: what the node says
+        changed (k8s.nodes), and their plans read it."""
+        with self._lock:
+            keys = [k for k, v in self._views.items()
+                    if any(r.worker is not None and r.worker.node == node
+                           for r in v.pods.values())]
+            for key in keys:
+                self._bump(key)
+        return keys
+
     # ------------------------------------------------------------- checks that found nothing
 
     def signature(self, key: Key) -> tuple[int, int]:

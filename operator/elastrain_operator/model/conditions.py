@@ -17,6 +17,7 @@ CHECKPOINTS_FAILING: Final = "CheckpointsFailing"  # the trainers' latest checkp
 HUNG: Final = "Hung"                  # no training step completed for spec.hangTimeoutSeconds
 CHECKPOINT_FALLBACK: Final = "CheckpointFallback"  # a resume skipped a damaged checkpoint (sticky)
 RENDEZVOUS_STORE_READY: Final = "RendezvousStoreReady"  # the rendezvous store pod is Ready
+NODE_DISRUPTION_NOTICE: Final = "NodeDisruptionNotice"  # a worker's node gave notice (a move)
 
 # --- reasons ---------------------------------------------------------------------------------
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
@@ -61,3 +62,6 @@ STORE_CONTAINER_FAILED: Final = "StoreContainerFailed"  # the kubelet cannot cre
 STORE_LOST: Final = "StoreLost"                        # the store pod ended or goes; replaced
 WAITING_FOR_STORE: Final = "WaitingForRendezvousStore"  # a worker lost to a never-Ready store
 RENDEZVOUS_STORE_NOT_READY: Final = "RendezvousStoreNotReady"  # never Ready in readyTimeout
+MOVING_WORKERS: Final = "MovingWorkers"                # workers move off nodes that gave notice
+NO_MOVE: Final = "NoMove"                              # no worker is moving
+NOTICES_OFF: Final = "NoticesOff"                      # the operator may not read nodes

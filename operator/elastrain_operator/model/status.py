@@ -108,6 +108,10 @@ class WorkerSlot(ApiModel):
     attempt: int = Field(default=0, ge=0)
     replace_after: datetime | None = Field(
         default=None, description="A failed worker's replacement waits until then (backoff).")
+    moving_from: str | None = Field(
+        default=None, max_length=253,
+        description="The slot's previous pod, on a node that gave notice: it trains on until "
+                    "this attempt's pod joined the world, then leaves (policy.notices).")
 
 
 class WorkerLoss(ApiModel):

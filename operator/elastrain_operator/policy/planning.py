@@ -54,6 +54,7 @@ from elastrain_operator.policy.failures import (
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
+from elastrain_operator.policy.notices import avoided_nodes, move_noticed, notice_condition
 from elastrain_operator.policy.progress import (
     ProgressReport,
     count_spares,
@@ -132,7 +133,7 @@ def _count_loss(r: Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
                                   f"worker {pod.index} (pod {pod.name}) failed: {why}"))
         # Recorded among the losses, but nothing is being replaced (not Restarting).
         r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:])
-        return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
+        return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": None})
     else:
         r.counted_restarts += 1
         restarts = acct.restarts + 1
@@ -143,7 +144,8 @@ def _count_loss(r: Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
                                   f"worker {pod.index} (pod {pod.name}) failed: {why}"))
     r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
                      recovering_since=min(acct.recovering_since or lost_at, lost_at))
-    return WorkerSlot(index=slot.index, attempt=slot.attempt + 1, replace_after=after)
+    # A move under way goes on: the old pod still trains (policy.notices).
+    return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": after})
 
 
 def _count_store_loss(r: Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSlot,
@@ -159,7 +161,7 @@ def _count_store_loss(r: Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSl
         f"{store_name(job.metadata.name)}, which has not been Ready since "
         f"{store.created.isoformat()}: not counted as a preemption; replaced {after}"
         "once the store is Ready"))
-    return WorkerSlot(index=slot.index, attempt=slot.attempt + 1)
+    return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": None})
 
 
 def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
@@ -171,10 +173,10 @@ def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         slot = slots.get(index) or WorkerSlot(index=index)
         newest = max((p.attempt for p in grouped.get(index, [])), default=-1)
         if newest > slot.attempt:  # the status lost a write someone made; trust the pods
-            slot = WorkerSlot(index=index, attempt=newest)
+            slot = slot.model_copy(update={"attempt": newest, "replace_after": None})
         current = next((p for p in grouped.get(index, []) if p.attempt == slot.attempt), None)
         if current is not None and index >= pods:
-            slot = WorkerSlot(index=index, attempt=slot.attempt + 1)
+            slot = WorkerSlot(index=index, attempt=slot.attempt + 1)  # retired: no move either
         elif current is not None and counting:
             exit_ = classify_pod_exit(current)
             if exit_ is Exit.PREEMPTED and is_lost_to_store(current, r.acct.store):
@@ -218,8 +220,9 @@ def _ready_spares(job: TrainingJob, observed: Observed, *, spares: int, ready: i
 
 def _cleanup_stale(r: Round, observed: Observed) -> None:
     current = current_pods(r.acct.slots, observed.workers)
+    moving = {s.moving_from for s in r.acct.slots if s.moving_from}  # policy.notices' own
     for pod in observed.workers:
-        if current.get(pod.index) is pod:
+        if current.get(pod.index) is pod or pod.name in moving:
             continue
         if pod.name in r.force_delete:
             r.force_delete_pods.append(pod.name)
@@ -274,7 +277,8 @@ def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         if hold is not None:
             held = hold
             continue
-        r.create.append(render_worker_pod(job, slot.index, slot.attempt))
+        r.create.append(render_worker_pod(job, slot.index, slot.attempt,
+                                          avoid=avoided_nodes(observed)))
         created = True
     return created, in_backoff, held
 
@@ -372,6 +376,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         if hung is None:
             replace_planned_out(r, job, observed, member_reports(observed.progress),
                                 pods=pods, now=now)
+            move_noticed(r, job, observed, member_reports(observed.progress), pods=pods,
+                         now=now)
     counts = _counts(job, r, observed, desired=desired, pods=pods)
     terminal = None if terminal_already else _decide_terminal(
         job, r, counts, finishing=finishing, store=store, now=now)
@@ -403,6 +409,9 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
                       store=None if terminal_already else store, store_hold=held)
     status = hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              training, now)
+    if job.spec.in_process:
+        status = notice_condition(status, r.acct.slots, observed, now=now,
+                                  generation=job.metadata.generation)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
         events.extend(_finish_warnings(observed))

@@ -4,7 +4,7 @@ workers on their own evidence (policy.replace)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from elastrain_operator.model.status import TrainingJobStatus, TrainingRecovery, WorkerSlot
@@ -28,6 +28,10 @@ class Observed:
     # The job's NetworkPolicy exists: ours, or a user's of that name, which is left alone.
     network_policy: bool = False
     progress: tuple[ProgressReport, ...] | None = None  # None: not polled this round
+    # Nodes that said they are about to go (policy.notices): node -> the signal; only the nodes
+    # the job's workers run on, and empty where the operator reads no nodes.
+    notices: Mapping[str, str] = field(default_factory=dict)
+    notices_off: str = ""  # why the operator reads no notices though asked to (k8s.nodes)
 
 
 @dataclass(frozen=True)

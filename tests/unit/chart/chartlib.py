@@ -119,14 +119,15 @@ def rule_triples(rules: Iterable[Manifest]) -> set[tuple[str, str, str]]:
             for verb in rule.get("verbs", [])}
 
 
-def operator_rules(mode: str | None = None, *, peering: bool = True,
+def operator_rules(mode: str | None = None, *, peering: bool = True, notices: bool = True,
                    cluster_scoped: bool | None = None) -> set[tuple[str, str, str]]:
     """elastrain_operator.rbac's rules as (apiGroup, resource, verb) triples: those an operator
     in `mode` ("cluster-wide" or "namespaced") needs, or all of RULES without a mode; only the
     cluster-scoped (True) or namespaced (False) ones when `cluster_scoped` is given."""
     from elastrain_operator.rbac import RULES, rules_for
 
-    rules = RULES if mode is None else rules_for(mode, peering=peering)  # type: ignore[arg-type]
+    rules = RULES if mode is None else rules_for(mode, peering=peering,  # type: ignore[arg-type]
+                                                 notices=notices)
     return {(g, r, v) for rule in rules for g in rule.api_groups for r in rule.resources
             for v in rule.verbs
             if cluster_scoped is None or rule.cluster_scoped == cluster_scoped}

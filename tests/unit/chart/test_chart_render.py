@@ -281,9 +281,29 @@ def test_each_mode_grants_exactly_its_rules_where_they_belong(case: str) -> None
         assert binding["subjects"] == [sa]
 
 
+def test_notices_off_grants_nothing_on_nodes_and_tells_the_operator() -> None:
+    docs = render(sets=["notices.enabled=false", "notices.taints.example\\.com/x=true"])
+    assert _granted(docs) == operator_rules("cluster-wide", peering=False, notices=False)
+    assert not [t for t in _granted(docs) if t[1] == "nodes"]
+    env = _operator_env(docs)
+    assert env["ELASTRAIN_NODE_NOTICES"] == "false"
+    on = _operator_env(render(sets=["notices.taints.example\\.com/x=true",
+                                    "notices.taints.other/y=false"]))
+    assert (on["ELASTRAIN_NODE_NOTICES"], on["ELASTRAIN_NOTICE_TAINTS"]) == ("true",
+                                                                             "example.com/x")
+    assert "ELASTRAIN_NOTICE_TAINTS" not in _operator_env(render())  # the operator's default
+
+
+def _operator_env(docs: list[Manifest]) -> dict[str, str]:
+    (deployment,) = of_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
 def test_rules_are_marked_cluster_scoped_exactly_for_cluster_scoped_resources() -> None:
     from elastrain_operator.rbac import RULES
-    cluster_scoped = {"namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+    cluster_scoped = {"namespaces", "customresourcedefinitions", "clusterkopfpeerings",
+                      "nodes"}
     for rule in RULES:
         assert all((r in cluster_scoped) == rule.cluster_scoped for r in rule.resources), rule
 
@@ -292,7 +312,8 @@ def test_rbac_has_no_wildcards_and_never_reads_or_changes_secrets(
         ci_render: list[Manifest]) -> None:
     for group, resource, verb in _granted(ci_render):
         assert "*" not in (group, resource, verb)
-        assert resource not in {"nodes", "clusterroles", "clusterrolebindings"}
+        assert resource not in {"clusterroles", "clusterrolebindings"}
+        assert resource != "nodes" or verb in {"list", "watch"}  # notices: read only
         assert resource != "secrets" or verb == "create"  # each job's control Secret only
         assert verb not in {"escalate", "bind", "impersonate"}
     assert ("elastrain.dev", "trainingjobs/status", "patch") in _granted(ci_render)

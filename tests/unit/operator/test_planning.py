@@ -44,14 +44,16 @@ class World:
     def parsed(self) -> TrainingJob:
         return TrainingJob.model_validate(self.job)
 
-    def observe(self, progress: Any = None) -> Observed:
+    def observe(self, progress: Any = None, notices: Any = None,
+                notices_off: str = "") -> Observed:
         workers = [read_worker_pod(p, WORKER_FINALIZER) for p in self.pods.values()
                    if p["metadata"]["labels"]["elastrain.dev/role"] == "worker"]
         store = self.pods.get("demo-rdzv")
         return Observed(
             workers=tuple(w for w in workers if w is not None),
             store=None if store is None else read_store_pod(store),
-            services=frozenset(self.services), progress=progress)
+            services=frozenset(self.services), progress=progress, notices=notices or {},
+            notices_off=notices_off)
 
     def plan(self, now: datetime, **kw: Any) -> Plan:
         return plan(self.parsed(), self.observe(**kw), now=now)

@@ -1,0 +1,150 @@
+"""Notices acted on first (issue 34 item 5; docs/recovery.md section 11).
+
+A node often says it is about to go before any SIGTERM: a cordon (a drain's first step),
+Karpenter's `karpenter.sh/disrupted:NoSchedule` (v0.32-0.37: `karpenter.sh/disruption`), or
+aws-node-termination-handler's opt-in `.../spot-itn` and `.../rebalance-recommendation` taints
+(shared/notes/kueue-and-notices.md says which are verified; GKE gives none before its SIGTERM,
+and its taint names are read only from the chart's list). `node_notice` reads one.
+
+An in-process job moves a worker off such a node replacement first, so its world never drops
+below its size for a notice it was given:
+1. the worker's slot gets a new attempt at once, not counted as a loss, remembering the old pod
+   (WorkerSlot.moving_from); the new pod avoids every node with a notice (render.avoid) and
+   arrives as a spare (the world is full);
+2. the old pod trains on until the new one is in the world's plan (the members' /progress
+   `members`/`spares`), then it is deleted: its SIGTERM is a leave at the next step boundary,
+   where the spare takes its place, healed from a live peer;
+3. a replacement that cannot be scheduled moves nothing (the old pod trains on); an old pod
+   that ends first (a drain quicker than the move) is not counted: the notice foretold it and
+   its replacement already exists. A move, once started, completes: a notice withdrawn
+   meanwhile still ends at the spec's size, with the worker on another node (undoing it would
+   need the slot's attempt to go back, which the lost-write rule of policy.planning forbids).
+Restart-mode jobs keep today's path (each worker restarts on a move: a notice buys them
+nothing the SIGTERM's save does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from elastrain_operator.model import conditions as c
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.status import TrainingJobStatus, WorkerSlot
+from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit
+from elastrain_operator.policy.progress import ProgressReport
+from elastrain_operator.policy.round import Observed, Round, current_pods
+from elastrain_operator.policy.status import (
+    EventSpec,
+    find_condition,
+    make_condition,
+    set_condition,
+)
+
+# Read by default: the taints verified in the projects' sources (the note above). The chart's
+# `notices.taints` replaces the list.
+DEFAULT_NOTICE_TAINTS = (
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/rebalance-recommendation",
+)
+CORDONED = "cordoned"
+
+
+def node_notice(node: Mapping[str, Any], taints: Collection[str]) -> str | None:
+    """What a Node says about its going, or None: the first listed taint it carries (its key,
+    and its value where it has one), else a cordon."""
+    spec = node.get("spec") or {}
+    for taint in spec.get("taints") or ():
+        key = taint.get("key")
+        if key in taints:
+            value = taint.get("value")
+            return f"taint {key}={value}" if value else f"taint {key}"
+    return CORDONED if spec.get("unschedulable") else None
+
+
+def avoided_nodes(observed: Observed) -> tuple[str, ...]:
+    """Where no new worker pod may land: every node of the job's with a notice."""
+    return tuple(sorted(observed.notices))
+
+
+def move_noticed(r: Round, job: TrainingJob, observed: Observed,
+                 reports: Sequence[ProgressReport] | None, *, pods: int,
+                 now: datetime) -> None:
+    """Start, advance or undo the moves of an in-process job's workers (the module says how);
+    `reports`: the members' (a spare's plan is not the world's)."""
+    if not job.spec.in_process:
+        return
+    del now  # the rule reads no clock: every step waits on something observed
+    by_name = {p.name: p for p in observed.workers}
+    current = current_pods(r.acct.slots, observed.workers)
+    joined = frozenset().union(*(rep.world_pods for rep in reports or ()))
+    slots = []
+    for slot in r.acct.slots:
+        if slot.index < pods:
+            slot = (_advance(r, slot, by_name.get(slot.moving_from), current.get(slot.index),
+                             joined) if slot.moving_from
+                    else _start(r, slot, current.get(slot.index), observed))
+        slots.append(slot)
+    r.acct = replace(r.acct, slots=tuple(slots))
+
+
+def _start(r: Round, slot: WorkerSlot, pod: WorkerPod | None, observed: Observed) -> WorkerSlot:
+    if pod is None or pod.deleting or classify_pod_exit(pod) is not Exit.RUNNING:
+        return slot
+    signal = observed.notices.get(pod.node)
+    if signal is None:
+        return slot
+    r.events.append(EventSpec(
+        "Normal", c.NODE_DISRUPTION_NOTICE,
+        f"node {pod.node}: {signal}; worker {slot.index} (pod {pod.name}) moves: its "
+        "replacement starts on another node and joins first, then it leaves at a step "
+        "boundary (not counted)"))
+    return slot.model_copy(update={"attempt": slot.attempt + 1, "moving_from": pod.name,
+                                   "replace_after": None})
+
+
+def _advance(r: Round, slot: WorkerSlot, old: WorkerPod | None, new: WorkerPod | None,
+             joined: frozenset[str]) -> WorkerSlot:
+    if old is None or classify_pod_exit(old) not in (Exit.RUNNING, Exit.PENDING):
+        return slot.model_copy(update={"moving_from": None})  # gone: cleaned up as stale
+    if old.deleting:
+        return slot  # asked to leave (or drained): the move ends when it is gone
+    if new is not None and new.name in joined:
+        r.delete_pods.append(old.name)
+        r.events.append(EventSpec(
+            "Normal", c.NODE_DISRUPTION_NOTICE,
+            f"worker {slot.index}: pod {new.name} joined the world on node "
+            f"{new.node or '?'}; pod {old.name} on node {old.node} now leaves at a step "
+            "boundary"))
+    return slot
+
+
+def notice_condition(status: TrainingJobStatus, slots: Sequence[WorkerSlot], observed: Observed,
+                     *, now: datetime, generation: int) -> TrainingJobStatus:
+    """NodeDisruptionNotice: True while a worker moves (the nodes and their signals), False
+    once none does; absent on a job that never had one. False (NoticesOff) on an in-process
+    job while the operator was asked to read notices and may not."""
+    moving = [s for s in slots if s.moving_from]
+    was = find_condition(status.conditions, c.NODE_DISRUPTION_NOTICE)
+    if observed.notices_off and not moving:
+        cond = make_condition(c.NODE_DISRUPTION_NOTICE, False, c.NOTICES_OFF,
+                              f"node notices are not read: {observed.notices_off}", now=now,
+                              generation=generation)
+    elif moving:
+        by_pod = {p.name: p.node for p in observed.workers}
+        nodes = sorted({by_pod.get(s.moving_from or "", "") for s in moving} - {""})
+        said = "; ".join(f"{n}: {observed.notices.get(n, 'notice withdrawn')}" for n in nodes)
+        cond = make_condition(
+            c.NODE_DISRUPTION_NOTICE, True, c.MOVING_WORKERS,
+            f"moving worker(s) {', '.join(str(s.index) for s in moving)} off node(s) "
+            f"{said or '?'}: each replacement joins first", now=now, generation=generation)
+    elif was is not None and was.status == "True":
+        cond = make_condition(c.NODE_DISRUPTION_NOTICE, False, c.NO_MOVE,
+                              "no worker is moving", now=now, generation=generation)
+    else:
+        return status
+    return status.model_copy(update={"conditions": set_condition(status.conditions, cond)})

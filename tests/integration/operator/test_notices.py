@@ -1,0 +1,120 @@
+"""Notices acted on first (issue 34 item 5; policy.notices), on the real apiserver and
+scheduler with the operator running (its Node watch): a worker's node is tainted as Karpenter
+does before it evicts; the operator starts each replacement on the other node first and deletes
+an old pod only once the in-process world has its replacement (the members' /progress, a
+stand-in here, names it among its spares). The only fake is the cloud's notice: the test taints
+the node as Karpenter would.
+
+The test's two Nodes are its own (no kubelet backs them, as the tier's node) and carry a taint
+only its job tolerates, so no other test's pod lands on a node it taints.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from elastrain_operator.k8s.client import Kube
+from tests.integration.operator.conftest import Cluster, Operator, wait_for
+from tests.stand_in_progress import StandInProgress
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+POOL = "elastrain.dev/test-pool"
+ONLY = "elastrain.dev/test-only"
+
+
+def make_node(kube: Kube, name: str, pool: str, *, cordoned: bool) -> None:
+    kube.request("POST", "/api/v1/nodes", body={
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, POOL: pool,
+                                              "kubernetes.io/os": "linux"}}})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+    kube.patch(f"/api/v1/nodes/{name}/status", {"status": {
+        "capacity": capacity, "allocatable": capacity,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "TestNode",
+                        "message": "no kubelet", "lastHeartbeatTime": now,
+                        "lastTransitionTime": now}]}})
+    # Replaces the not-ready taint admission put on it: only the test's job may land here.
+    kube.patch(f"/api/v1/nodes/{name}", {"spec": {
+        "unschedulable": cordoned,
+        "taints": [{"key": ONLY, "value": pool, "effect": "NoSchedule"}]}})
+
+
+@pytest.fixture
+def nodes(cluster: Cluster) -> Iterator[tuple[str, str, str]]:
+    pool = uuid.uuid4().hex[:8]
+    names = (f"notice-a-{pool}", f"notice-b-{pool}")
+    try:
+        make_node(cluster.kube, names[0], pool, cordoned=False)
+        make_node(cluster.kube, names[1], pool, cordoned=True)  # first, every pod lands on a
+        yield pool, *names
+    finally:
+        for name in names:
+            cluster.kube.delete(f"/api/v1/nodes/{name}")
+
+
+def node_of(cluster: Cluster, pod: str) -> str:
+    return str((cluster.pods().get(pod) or {}).get("spec", {}).get("nodeName") or "")
+
+
+def test_a_tainted_nodes_workers_move_replacement_first_and_nothing_is_counted(
+        cluster: Cluster, operator: Operator, nodes: tuple[str, str, str]) -> None:
+    pool, a, b = nodes
+    old = ["demo-worker-0-0", "demo-worker-1-0"]
+    members = StandInProgress({"step": 40, "totalSteps": 1000, "worldSize": 2,
+                               "role": "member", "members": old, "spares": []})
+    try:
+        cluster.create_job(replicas=2, minReplicas=1, maxReplicas=2,
+                           recovery={"mode": "InProcess"}, metricsPort=members.port,
+                           template={"nodeSelector": {POOL: pool}, "tolerations": [
+                               {"key": ONLY, "operator": "Equal", "value": pool,
+                                "effect": "NoSchedule"}]})
+        wait_for("both workers on node a", lambda: all(node_of(cluster, p) == a for p in old),
+                 timeout=60)
+        for pod in old:
+            cluster.run(pod)
+        wait_for("the job running", lambda: cluster.status().get("phase") == "Running")
+        # Karpenter's notice: node b is free again, node a is tainted and about to go.
+        cluster.kube.patch(f"/api/v1/nodes/{b}", {"spec": {"unschedulable": False}})
+        cluster.kube.patch(f"/api/v1/nodes/{a}", {"spec": {"taints": [
+            {"key": ONLY, "value": pool, "effect": "NoSchedule"},
+            {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
+        new = ["demo-worker-0-1", "demo-worker-1-1"]
+        wait_for("both replacements scheduled on node b",
+                 lambda: all(node_of(cluster, p) == b for p in new), timeout=60)
+        assert all(excluded_nodes(cluster.pods()[p]) == [a] for p in new)
+        cond = cluster.condition("NodeDisruptionNotice")
+        assert cond["status"] == "True" and a in cond["message"], cond
+        assert "karpenter.sh/disrupted" in cond["message"], cond
+        # Running, but not in the world's plan yet: the old pods train on.
+        for pod in new:
+            cluster.run(pod)
+        pods = cluster.pods()
+        assert all(p in pods and not pods[p]["metadata"].get("deletionTimestamp")
+                   for p in old), sorted(pods)
+        # The world planned them in as spares: each old pod is asked to leave (deleted).
+        members.document = {**members.document, "spares": new}
+        wait_for("the old pods gone", lambda: not set(old) & set(cluster.pods(live=False)),
+                 timeout=60)
+        wait_for("the move over", lambda: cluster.condition("NodeDisruptionNotice")
+                 .get("status") == "False", timeout=60)
+    finally:
+        members.close()
+    status = cluster.status()
+    assert (status.get("restarts"), status.get("preemptions")) == (0, 0), status
+    assert sorted(cluster.pods()) == new
+    messages = [e["message"] for e in cluster.events("NodeDisruptionNotice")]
+    assert any(a in m and "moves" in m for m in messages), messages
+    assert any("joined the world" in m for m in messages), messages
+
+
+def excluded_nodes(pod: dict[str, Any]) -> list[str]:
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return [v for t in terms for e in t["matchExpressions"] if e["operator"] == "NotIn"
+            for v in e["values"]]

@@ -1,0 +1,163 @@
+"""Notices acted on first (policy.notices): an in-process worker on a node that gave notice
+moves replacement first; the old pod leaves only once the new one is in the world's plan."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from elastrain_operator.k8s.nodes import NodeNotices, read_notice_settings
+from elastrain_operator.model import conditions as c
+from elastrain_operator.policy.notices import DEFAULT_NOTICE_TAINTS, node_notice
+from elastrain_operator.policy.progress import parse_progress
+from elastrain_operator.render.avoid import HOSTNAME_LABEL
+
+from .test_planning import T0, World
+
+NOTICE = {"node-a": "taint karpenter.sh/disrupted"}
+
+
+def member(members: list[str], spares: list[str]) -> Any:
+    return parse_progress({"step": 40, "totalSteps": 100, "worldSize": len(members),
+                           "role": "member", "lastStepTime": T0.isoformat(),
+                           "members": members, "spares": spares})
+
+
+def on_nodes(w: World) -> None:
+    for i, name in enumerate(w.workers()):
+        w.pods[name].setdefault("spec", {})["nodeName"] = "node-a" if i == 1 else "node-b"
+
+
+def running_world(**spec: Any) -> World:
+    w = World.new(replicas=3, minReplicas=2, maxReplicas=3, **spec)
+    w.reconcile(T0)
+    w.run_all()
+    on_nodes(w)
+    w.reconcile(T0 + timedelta(seconds=1))
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    return w
+
+
+def excluded(pod: dict[str, Any]) -> list[str]:
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return [v for t in terms for e in t["matchExpressions"]
+            if e["key"] == HOSTNAME_LABEL and e["operator"] == "NotIn" for v in e["values"]]
+
+
+def test_a_noticed_worker_moves_replacement_first_and_leaves_once_it_joined() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    now = T0 + timedelta(seconds=10)
+    p = w.reconcile(now, notices=NOTICE)
+    # The replacement exists before anything leaves, away from the doomed node; nothing counted.
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-1-1",
+                           "demo-worker-2-0"]
+    assert not p.delete_pods and not p.counted_restarts and not p.counted_preemptions
+    assert excluded(w.pods["demo-worker-1-1"]) == ["node-a"]
+    (event,) = [e for e in p.events if e.reason == c.NODE_DISRUPTION_NOTICE]
+    assert "node-a" in event.message and "karpenter.sh/disrupted" in event.message
+    assert w.condition(c.NODE_DISRUPTION_NOTICE)["status"] == "True"
+    # Scheduled and running, but not in the world's plan yet: the old pod trains on.
+    w.run_all()
+    world = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    p = w.reconcile(now + timedelta(seconds=1), notices=NOTICE,
+                    progress=(member(world, []),))
+    assert not p.delete_pods and "demo-worker-1-0" in w.workers()
+    # In the plan as a spare: the old pod is deleted (its SIGTERM: a leave at the boundary).
+    p = w.reconcile(now + timedelta(seconds=2), notices=NOTICE,
+                    progress=(member(world, ["demo-worker-1-1"]),))
+    assert p.delete_pods == ("demo-worker-1-0",)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-1", "demo-worker-2-0"]
+    # Gone: the move is over, nothing was counted, the job is exactly its size.
+    w.release("demo-worker-1-0")
+    p = w.reconcile(now + timedelta(seconds=3),
+                    progress=(member(["demo-worker-0-0", "demo-worker-1-1",
+                                      "demo-worker-2-0"], []),))
+    status = w.status
+    assert (status["restarts"], status["preemptions"]) == (0, 0)
+    assert not any(s.get("movingFrom") for s in status["slots"])
+    assert w.condition(c.NODE_DISRUPTION_NOTICE)["status"] == "False"
+    assert not p.create and w.workers() == ["demo-worker-0-0", "demo-worker-1-1",
+                                            "demo-worker-2-0"]
+
+
+def test_an_unscheduled_replacement_moves_nothing() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    for second in range(10, 40, 10):
+        p = w.reconcile(T0 + timedelta(seconds=second), notices=NOTICE,
+                        progress=(member(["demo-worker-0-0", "demo-worker-1-0",
+                                          "demo-worker-2-0"], []),))
+        assert not p.delete_pods
+    assert w.pods["demo-worker-1-1"]["status"]["phase"] == "Pending"
+    assert "demo-worker-1-0" in w.workers()
+    assert w.status["restarts"] == 0 and w.status["preemptions"] == 0
+
+
+def test_an_old_pod_drained_before_its_replacement_joined_is_not_counted() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    w.reconcile(T0 + timedelta(seconds=10), notices=NOTICE)
+    w.set_pod("demo-worker-1-0", "Failed", exit_code=137, disruption="EvictionByEvictionAPI")
+    p = w.reconcile(T0 + timedelta(seconds=11), notices=NOTICE)
+    assert not p.counted_preemptions and not p.counted_restarts
+    assert p.delete_pods == ("demo-worker-1-0",)  # a stale pod now, cleaned up
+    assert not any(s.get("movingFrom") for s in w.status["slots"])
+
+
+def test_restart_mode_and_nodes_without_notice_keep_todays_path() -> None:
+    w = running_world(recovery={"mode": "Restart"})
+    p = w.reconcile(T0 + timedelta(seconds=10), notices=NOTICE)
+    assert not p.create and not p.delete_pods
+    inproc = running_world(recovery={"mode": "InProcess"})
+    p = inproc.reconcile(T0 + timedelta(seconds=10), notices={"node-c": "cordoned"})
+    assert not p.create and not p.events
+    assert not any(x["type"] == c.NODE_DISRUPTION_NOTICE
+                   for x in inproc.status["conditions"])
+
+
+def test_a_node_says_it_goes_by_a_listed_taint_or_a_cordon() -> None:
+    taint = {"spec": {"taints": [{"key": "other", "effect": "NoSchedule"},
+                                 {"key": "karpenter.sh/disruption", "value": "disrupting",
+                                  "effect": "NoSchedule"}]}}
+    assert node_notice(taint, DEFAULT_NOTICE_TAINTS) == \
+        "taint karpenter.sh/disruption=disrupting"
+    assert node_notice(taint, ["gke/x"]) is None  # the chart's list replaces the default
+    assert node_notice({"spec": {"unschedulable": True}}, ()) == "cordoned"
+    assert node_notice({"spec": {}}, DEFAULT_NOTICE_TAINTS) is None
+    assert node_notice({}, DEFAULT_NOTICE_TAINTS) is None
+
+
+def test_an_operator_that_may_not_read_nodes_says_so_on_in_process_jobs() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    w.reconcile(T0 + timedelta(seconds=10), notices_off="the operator may not list nodes (403)")
+    cond = w.condition(c.NODE_DISRUPTION_NOTICE)
+    assert (cond["status"], cond["reason"]) == ("False", c.NOTICES_OFF)
+    assert "may not list nodes" in cond["message"]
+    restart = running_world(recovery={"mode": "Restart"})
+    restart.reconcile(T0 + timedelta(seconds=10), notices_off="no")
+    assert not any(x["type"] == c.NODE_DISRUPTION_NOTICE for x in restart.status["conditions"])
+
+
+def test_the_watch_keeps_only_nodes_with_a_notice_and_reports_changes() -> None:
+    notices = NodeNotices(DEFAULT_NOTICE_TAINTS)
+    quiet = {"metadata": {"name": "n1"}, "spec": {}}
+    cordoned = {"metadata": {"name": "n1"}, "spec": {"unschedulable": True}}
+    assert not notices.put(quiet)
+    assert notices.put(cordoned) and not notices.put(cordoned)
+    assert notices.of(["n1", "n2"]) == {"n1": "cordoned"}
+    assert notices.put(quiet) and notices.of(["n1"]) == {}
+    assert notices.put(cordoned) and notices.remove("n1") and notices.of(["n1"]) == {}
+
+
+def test_the_settings_name_the_variable_that_is_wrong() -> None:
+    assert read_notice_settings({}) == DEFAULT_NOTICE_TAINTS
+    assert read_notice_settings({"ELASTRAIN_NODE_NOTICES": "false"}) is None
+    assert read_notice_settings({"ELASTRAIN_NOTICE_TAINTS": "a.example/x, b"}) == (
+        "a.example/x", "b")
+    for env, var in (({"ELASTRAIN_NODE_NOTICES": "yes"}, "ELASTRAIN_NODE_NOTICES"),
+                     ({"ELASTRAIN_NOTICE_TAINTS": "a b/c"}, "ELASTRAIN_NOTICE_TAINTS")):
+        try:
+            read_notice_settings(env)
+        except ValueError as err:
+            assert var in str(err)
+        else:
+            raise AssertionError(env)
