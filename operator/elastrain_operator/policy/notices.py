@@ -1,4 +1,4 @@
-"""Notices acted on first (issue 34 item 5; docs/recovery.md section 11).
+"""Notices acted on first (issue 34 item 5; docs/recovery.md section 10, "Notices").
 
 A node often says it is about to go before any SIGTERM: a cordon (a drain's first step),
 Karpenter's `karpenter.sh/disrupted:NoSchedule` (v0.32-0.37: `karpenter.sh/disruption`), or
