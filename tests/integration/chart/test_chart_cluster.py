@@ -156,7 +156,8 @@ def test_a_namespaced_operator_acts_only_in_its_namespaces(
 @pytest.mark.parametrize(("verb", "group", "resource"), [
     ("get", "", "secrets"),
     ("delete", "", "secrets"),
-    ("list", "", "nodes"),
+    ("get", "", "nodes"),  # notices list and watch them, nothing more
+    ("patch", "", "nodes"),
     ("create", "", "pods/exec"),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
     ("delete", "apiextensions.k8s.io", "customresourcedefinitions"),
@@ -196,11 +197,12 @@ def test_operator_identity_really_patches_status_and_is_refused_secrets(
             {"status": {"phase": "Running"}})
         assert patched["status"]["phase"] == "Running"
         core = client.CoreV1Api(api)
+        assert core.list_node().items is not None  # node notices (k8s.nodes): read only
         for forbidden in (lambda: core.delete_namespaced_secret("not-for-the-operator",
                                                                 kube_namespace),
                           lambda: core.read_namespaced_secret("not-for-the-operator",
                                                               kube_namespace),
-                          core.list_node):
+                          lambda: core.patch_node("any", {"spec": {"unschedulable": True}})):
             with pytest.raises(ApiException) as err:
                 forbidden()
             assert err.value.status == 403

@@ -229,7 +229,10 @@ def test_a_training_thread_the_sever_does_not_release_is_restarted_in_place(
     assert stuck["gen"] == 1 and stuck["after_s"] >= 10, stuck
     regroups = [r for r in pods.all_records() if r["event"] == "regroup"]
     assert not {r["node"] for r in regroups} & {"a.1"}, regroups  # a kept its process
-    back = [r for r in regroups if r["node"].startswith("b.") and r["reason"] == "join"]
-    assert back and back[0]["healed_from"] is not None, regroups
+    # b.1 comes back healed: through the join path, or already in the plan made after the
+    # failure when its join request came before a judged b gone.
+    back = [r for r in regroups if r["node"].startswith("b.")]
+    assert back and back[0]["healed_from"] is not None, [
+        (r["node"], r["gen"], r["reason"], r["healed_from"]) for r in regroups]
     numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
     assert sorted(set(numbers)) == list(range(1, 121)), numbers
