@@ -14,11 +14,11 @@ below its size for a notice it was given:
 2. the old pod trains on until the new one is in the world's plan (the members' /progress
    `members`/`spares`), then it is deleted: its SIGTERM is a leave at the next step boundary,
    where the spare takes its place, healed from a live peer;
-3. a replacement that cannot be scheduled moves nothing (the old pod trains on); an old pod
-   that ends first (a drain quicker than the move) is not counted: the notice foretold it and
-   its replacement already exists. A move, once started, completes: a notice withdrawn
-   meanwhile still ends at the spec's size, with the worker on another node (undoing it would
-   need the slot's attempt to go back, which the lost-write rule of policy.planning forbids).
+3. a replacement that cannot be scheduled moves nothing (the old pod trains on); a notice
+   withdrawn before the replacement joined undoes the move (the slot goes back to the old
+   pod's attempt, the new pod goes: the job is exactly its spec size again); an old pod that
+   ends first (a drain quicker than the move) is not counted: the notice foretold it and its
+   replacement already exists.
 Restart-mode jobs keep today's path (each worker restarts on a move: a notice buys them
 nothing the SIGTERM's save does not).
 """
@@ -86,7 +86,7 @@ def move_noticed(r: Round, job: TrainingJob, observed: Observed,
     for slot in r.acct.slots:
         if slot.index < pods:
             slot = (_advance(r, slot, by_name.get(slot.moving_from), current.get(slot.index),
-                             joined) if slot.moving_from
+                             joined, observed.notices) if slot.moving_from
                     else _start(r, slot, current.get(slot.index), observed))
         slots.append(slot)
     r.acct = replace(r.acct, slots=tuple(slots))
@@ -108,7 +108,7 @@ def _start(r: Round, slot: WorkerSlot, pod: WorkerPod | None, observed: Observed
 
 
 def _advance(r: Round, slot: WorkerSlot, old: WorkerPod | None, new: WorkerPod | None,
-             joined: frozenset[str]) -> WorkerSlot:
+             joined: frozenset[str], notices: Mapping[str, str]) -> WorkerSlot:
     if old is None or classify_pod_exit(old) not in (Exit.RUNNING, Exit.PENDING):
         return slot.model_copy(update={"moving_from": None})  # gone: cleaned up as stale
     if old.deleting:
@@ -120,6 +120,17 @@ def _advance(r: Round, slot: WorkerSlot, old: WorkerPod | None, new: WorkerPod |
             f"worker {slot.index}: pod {new.name} joined the world on node "
             f"{new.node or '?'}; pod {old.name} on node {old.node} now leaves at a step "
             "boundary"))
+        return slot
+    if old.node not in notices:
+        # Withdrawn before the replacement joined: back to the old pod; the new one is stale
+        # now and goes (planning ignores a deleting pod's newer attempt).
+        r.events.append(EventSpec(
+            "Normal", c.NODE_DISRUPTION_NOTICE,
+            f"node {old.node}: the notice was withdrawn before worker {slot.index}'s "
+            f"replacement joined: pod {old.name} stays"
+            + (f", pod {new.name} goes" if new is not None else "")))
+        return slot.model_copy(update={"attempt": old.attempt, "moving_from": None,
+                                       "replace_after": None})
     return slot
 
 

@@ -171,7 +171,9 @@ def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
     grouped = _by_slot(observed.workers)
     for index in sorted(set(slots) | set(grouped)):
         slot = slots.get(index) or WorkerSlot(index=index)
-        newest = max((p.attempt for p in grouped.get(index, [])), default=-1)
+        # A pod on its way out is no evidence: a move undone (policy.notices) deletes the
+        # newer attempt's pod and goes back to the older one.
+        newest = max((p.attempt for p in grouped.get(index, []) if not p.deleting), default=-1)
         if newest > slot.attempt:  # the status lost a write someone made; trust the pods
             slot = slot.model_copy(update={"attempt": newest, "replace_after": None})
         current = next((p for p in grouped.get(index, []) if p.attempt == slot.attempt), None)
@@ -277,8 +279,11 @@ def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         if hold is not None:
             held = hold
             continue
-        r.create.append(render_worker_pod(job, slot.index, slot.attempt,
-                                          avoid=avoided_nodes(observed)))
+        # A move's replacement must land away from the noticed nodes; any other pod is left
+        # to the scheduler (a cordon or a NoSchedule taint keeps it away meanwhile, and the
+        # exclusion would outlive the notice: a pod made during a drain would never run).
+        avoid = avoided_nodes(observed) if slot.moving_from else ()
+        r.create.append(render_worker_pod(job, slot.index, slot.attempt, avoid=avoid))
         created = True
     return created, in_backoff, held
 

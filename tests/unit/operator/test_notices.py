@@ -3,6 +3,7 @@ moves replacement first; the old pod leaves only once the new one is in the worl
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import Any
 
@@ -161,3 +162,37 @@ def test_the_settings_name_the_variable_that_is_wrong() -> None:
             assert var in str(err)
         else:
             raise AssertionError(env)
+
+
+def test_a_notice_withdrawn_before_the_replacement_joined_undoes_the_move() -> None:
+    w = running_world(recovery={"mode": "InProcess"})
+    w.reconcile(T0 + timedelta(seconds=10), notices=NOTICE)
+    assert "demo-worker-1-1" in w.workers()
+    new = copy.deepcopy(w.pods["demo-worker-1-1"])
+    p = w.reconcile(T0 + timedelta(seconds=11))  # the taint is gone
+    assert p.delete_pods == ("demo-worker-1-1",)
+    assert any("withdrawn" in e.message for e in p.events)
+    # Its finalizer released, it terminates until its kubelet confirms: in the next rounds
+    # that is neither a lost status write (a newer attempt to trust) nor a loss.
+    new["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=[])
+    w.pods["demo-worker-1-1"] = new
+    for second in (12, 13):
+        p = w.reconcile(T0 + timedelta(seconds=second))
+        assert not p.create and not p.counted_preemptions and not p.counted_restarts
+    del w.pods["demo-worker-1-1"]
+    w.reconcile(T0 + timedelta(seconds=14))
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
+    assert [s["attempt"] for s in w.status["slots"]] == [0, 0, 0]
+    assert w.condition(c.NODE_DISRUPTION_NOTICE)["status"] == "False"
+
+
+def test_a_pod_made_while_a_node_is_cordoned_is_left_to_the_scheduler() -> None:
+    """Only a move's replacement excludes the noticed nodes: a pod of a Restart-mode job made
+    during a drain must run on that node once it is uncordoned (a one-node cluster)."""
+    w = running_world(recovery={"mode": "Restart"})
+    w.set_pod("demo-worker-1-0", "Failed", exit_code=137, disruption="EvictionByEvictionAPI")
+    p = w.reconcile(T0 + timedelta(seconds=10), notices={"node-a": "cordoned"})
+    (created,) = [m for m in p.create if m["kind"] == "Pod"]
+    assert created["metadata"]["name"] == "demo-worker-1-1"
+    assert "affinity" not in created["spec"]
