@@ -9,8 +9,11 @@ and its taint names are read only from the chart's list). `node_notice` reads on
 An in-process job moves a worker off such a node replacement first, so its world never drops
 below its size for a notice it was given:
 1. the worker's slot gets a new attempt at once, not counted as a loss, remembering the old pod
-   (WorkerSlot.moving_from); the new pod avoids every node with a notice (render.avoid) and
-   arrives as a spare (the world is full);
+   (WorkerSlot.moving_from); the new pod lands elsewhere because the signal itself keeps the
+   scheduler away (a cordon, a NoSchedule taint: every signal read by default is one; a
+   listed taint of a weaker effect moves nothing useful) and arrives as a spare (the world is
+   full). No node affinity is added: it would outlive the notice, and a pod made during a
+   drain on a one-node cluster stayed Pending after the uncordon (e2e scenario 7, seen);
 2. the old pod trains on until the new one is in the world's plan (the members' /progress
    `members`/`spares`), then it is deleted: its SIGTERM is a leave at the next step boundary,
    where the spare takes its place, healed from a live peer;
@@ -64,11 +67,6 @@ def node_notice(node: Mapping[str, Any], taints: Collection[str]) -> str | None:
             value = taint.get("value")
             return f"taint {key}={value}" if value else f"taint {key}"
     return CORDONED if spec.get("unschedulable") else None
-
-
-def avoided_nodes(observed: Observed) -> tuple[str, ...]:
-    """Where no new worker pod may land: every node of the job's with a notice."""
-    return tuple(sorted(observed.notices))
 
 
 def move_noticed(r: Round, job: TrainingJob, observed: Observed,

@@ -54,7 +54,7 @@ from elastrain_operator.policy.failures import (
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
-from elastrain_operator.policy.notices import avoided_nodes, move_noticed, notice_condition
+from elastrain_operator.policy.notices import move_noticed, notice_condition
 from elastrain_operator.policy.progress import (
     ProgressReport,
     count_spares,
@@ -279,11 +279,7 @@ def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         if hold is not None:
             held = hold
             continue
-        # A move's replacement must land away from the noticed nodes; any other pod is left
-        # to the scheduler (a cordon or a NoSchedule taint keeps it away meanwhile, and the
-        # exclusion would outlive the notice: a pod made during a drain would never run).
-        avoid = avoided_nodes(observed) if slot.moving_from else ()
-        r.create.append(render_worker_pod(job, slot.index, slot.attempt, avoid=avoid))
+        r.create.append(render_worker_pod(job, slot.index, slot.attempt))
         created = True
     return created, in_backoff, held
 

@@ -9,7 +9,6 @@ operator, which tells preemption from failure and keeps the job's budgets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from elastrain_operator.model.names import (
@@ -24,7 +23,6 @@ from elastrain_operator.model.names import (
     worker_service_name,
 )
 from elastrain_operator.model.spec import TrainingJob
-from elastrain_operator.render.avoid import avoiding
 from elastrain_operator.render.control import control_volume, controlled
 from elastrain_operator.render.env import render_command, render_worker_env
 from elastrain_operator.render.meta import Manifest, child_metadata
@@ -104,14 +102,13 @@ def _container(job: TrainingJob, mounts: list[Manifest]) -> Manifest:
     return container
 
 
-def _template_fields(job: TrainingJob, volumes: list[Manifest],
-                     avoid: Sequence[str] = ()) -> Manifest:
+def _template_fields(job: TrainingJob, volumes: list[Manifest]) -> Manifest:
     """The user's narrow pod template override, each field only when set."""
     t = job.spec.template
     fields: dict[str, Any] = {
         "nodeSelector": dict(t.node_selector) or None,
         "tolerations": _tolerations(job) or None,
-        "affinity": avoiding(t.affinity, avoid),
+        "affinity": t.affinity,
         "priorityClassName": t.priority_class_name,
         "schedulerName": t.scheduler_name,
         "serviceAccountName": t.service_account_name,
@@ -122,10 +119,8 @@ def _template_fields(job: TrainingJob, volumes: list[Manifest],
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def render_worker_pod(job: TrainingJob, index: int, attempt: int,
-                      avoid: Sequence[str] = ()) -> Manifest:
-    """The pod of worker slot `index`, attempt `attempt`; `avoid`: nodes it must not land on
-    (they gave notice: render.avoid)."""
+def render_worker_pod(job: TrainingJob, index: int, attempt: int) -> Manifest:
+    """The pod of worker slot `index`, attempt `attempt`."""
     name = job.metadata.name
     t = job.spec.template
     metadata = child_metadata(
@@ -144,7 +139,7 @@ def render_worker_pod(job: TrainingJob, index: int, attempt: int,
             "subdomain": worker_service_name(name),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": job.spec.termination_grace_period_seconds,
-            **_template_fields(job, volumes, avoid),
+            **_template_fields(job, volumes),
             "containers": [_container(job, mounts)],
         },
     }

@@ -14,7 +14,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
@@ -87,7 +86,6 @@ def test_a_tainted_nodes_workers_move_replacement_first_and_nothing_is_counted(
         new = ["demo-worker-0-1", "demo-worker-1-1"]
         wait_for("both replacements scheduled on node b",
                  lambda: all(node_of(cluster, p) == b for p in new), timeout=60)
-        assert all(excluded_nodes(cluster.pods()[p]) == [a] for p in new)
         cond = cluster.condition("NodeDisruptionNotice")
         assert cond["status"] == "True" and a in cond["message"], cond
         assert "karpenter.sh/disrupted" in cond["message"], cond
@@ -111,10 +109,3 @@ def test_a_tainted_nodes_workers_move_replacement_first_and_nothing_is_counted(
     messages = [e["message"] for e in cluster.events("NodeDisruptionNotice")]
     assert any(a in m and "moves" in m for m in messages), messages
     assert any("joined the world" in m for m in messages), messages
-
-
-def excluded_nodes(pod: dict[str, Any]) -> list[str]:
-    terms = pod["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    return [v for t in terms for e in t["matchExpressions"] if e["operator"] == "NotIn"
-            for v in e["values"]]
