@@ -19,9 +19,9 @@ below its size for a notice it was given:
    where the spare takes its place, healed from a live peer;
 3. a replacement that cannot be scheduled moves nothing (the old pod trains on); a notice
    withdrawn before the replacement joined undoes the move (the slot goes back to the old
-   pod's attempt, the new pod goes: the job is exactly its spec size again); an old pod that
-   ends first (a drain quicker than the move) is not counted: the notice foretold it and its
-   replacement already exists.
+   pod's attempt, the new pod goes: the job is exactly its spec size again); an old pod taken
+   before its replacement joined (a drain quicker than the move) is counted once as any lost
+   worker (policy.planning): the world did shrink.
 Restart-mode jobs keep today's path (each worker restarts on a move: a notice buys them
 nothing the SIGTERM's save does not).
 """

@@ -46,6 +46,7 @@ from elastrain_operator.model.status import (
     WorkerSlot,
 )
 from elastrain_operator.policy.failures import (
+    DISRUPTION_REASONS,
     Exit,
     WorkerPod,
     classify_pod_exit,
@@ -185,8 +186,29 @@ def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
                 slot = _count_store_loss(r, job, current, slot, now)
             elif exit_ in (Exit.PREEMPTED, Exit.FAILED):
                 slot = _count_loss(r, job, current, exit_, slot, now)
+        if slot.moving_from and counting and index < pods:
+            slot = _count_moving_loss(r, job, grouped.get(index, []), slot, now)
         slots[index] = slot
     r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
+
+
+def _count_moving_loss(r: Round, job: TrainingJob, pods: Sequence[WorkerPod], slot: WorkerSlot,
+                       now: datetime) -> WorkerSlot:
+    """A move's old pod (policy.notices) taken before its replacement joined: evicted by a
+    drain, its node's taint manager, or failed on its own. Counted once, as any lost worker
+    (the world did shrink); its replacement already exists, so the slot keeps its attempt and
+    the move ends. A pod this operator asked to leave ends without a disruption: not a loss."""
+    old = next((p for p in pods if p.name == slot.moving_from), None)
+    if old is None:
+        return slot
+    taken = (old.disruption_reason or old.status_reason in DISRUPTION_REASONS
+             or (old.phase == "Failed" and not old.deleting))
+    if not taken:
+        return slot
+    exit_ = Exit.FAILED if old.phase == "Failed" and not old.disruption_reason \
+        else Exit.PREEMPTED
+    after = _count_loss(r, job, old, exit_, slot, now)
+    return slot.model_copy(update={"moving_from": None, "replace_after": after.replace_after})
 
 
 def _counts(job: TrainingJob, r: Round, observed: Observed, *, desired: int,

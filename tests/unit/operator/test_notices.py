@@ -88,14 +88,22 @@ def test_an_unscheduled_replacement_moves_nothing() -> None:
     assert w.status["restarts"] == 0 and w.status["preemptions"] == 0
 
 
-def test_an_old_pod_drained_before_its_replacement_joined_is_not_counted() -> None:
+def test_an_old_pod_drained_before_its_replacement_joined_is_counted_once() -> None:
+    """The drain was quicker than the move (e2e scenario 7 drains every worker at once): the
+    world did shrink, so the old pod counts as a preemption, once; its replacement exists."""
     w = running_world(recovery={"mode": "InProcess"})
     w.reconcile(T0 + timedelta(seconds=10), notices=NOTICE)
     w.set_pod("demo-worker-1-0", "Failed", exit_code=137, disruption="EvictionByEvictionAPI")
     p = w.reconcile(T0 + timedelta(seconds=11), notices=NOTICE)
-    assert not p.counted_preemptions and not p.counted_restarts
+    assert (p.counted_preemptions, p.counted_restarts) == (1, 0)
     assert p.delete_pods == ("demo-worker-1-0",)  # a stale pod now, cleaned up
+    assert not p.create  # its replacement is already there
     assert not any(s.get("movingFrom") for s in w.status["slots"])
+    (loss,) = w.status["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-1-0", "Preempted")
+    p = w.reconcile(T0 + timedelta(seconds=12), notices=NOTICE)
+    assert not p.counted_preemptions and w.status["preemptions"] == 1
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-1", "demo-worker-2-0"]
 
 
 def test_restart_mode_and_nodes_without_notice_keep_todays_path() -> None:
