@@ -214,6 +214,15 @@ def _count_moving_loss(r: Round, job: TrainingJob, pods: Sequence[WorkerPod], sl
 def _counts(job: TrainingJob, r: Round, observed: Observed, *, desired: int,
             pods: int) -> WorkerCounts:
     current = current_pods(r.acct.slots, observed.workers)
+    # A moving slot's worker is its old pod until the replacement runs (policy.notices): the
+    # world still trains with it, and a replacement that cannot be scheduled moves nothing.
+    by_name = {p.name: p for p in observed.workers}
+    for slot in r.acct.slots:
+        old = by_name.get(slot.moving_from or "")
+        new = current.get(slot.index)
+        if old is not None and classify_pod_exit(old) is Exit.RUNNING and (
+                new is None or classify_pod_exit(new) is not Exit.RUNNING):
+            current[slot.index] = old
     active = [p for i, p in current.items() if i < pods]
     states = [classify_pod_exit(p) for p in active]
     pending = [p for p, s in zip(active, states, strict=True) if s is Exit.PENDING]

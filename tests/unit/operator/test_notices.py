@@ -199,3 +199,15 @@ def test_a_pod_made_while_a_node_is_cordoned_is_left_to_the_scheduler() -> None:
     (created,) = [m for m in p.create if m["kind"] == "Pod"]
     assert created["metadata"]["name"] == "demo-worker-1-1"
     assert "affinity" not in created["spec"]
+
+
+def test_a_moving_slot_counts_its_old_pod_until_the_replacement_runs() -> None:
+    """e2e scenario 15 (InProcess): the node cordoned, every replacement Pending: the job still
+    trains with its old pods, and its status says so (readyReplicas 3, not 0)."""
+    w = running_world(recovery={"mode": "InProcess"})
+    for name in w.workers():
+        w.pods[name]["spec"]["nodeName"] = "node-a"
+    w.reconcile(T0 + timedelta(seconds=10), notices={"node-a": "cordoned"})
+    assert len(w.workers()) == 6
+    assert (w.status["replicas"], w.status["readyReplicas"], w.status["phase"]) == (
+        3, 3, "Running")
