@@ -70,13 +70,11 @@ def node_notice(node: Mapping[str, Any], taints: Collection[str]) -> str | None:
 
 
 def move_noticed(r: Round, job: TrainingJob, observed: Observed,
-                 reports: Sequence[ProgressReport] | None, *, pods: int,
-                 now: datetime) -> None:
+                 reports: Sequence[ProgressReport] | None, *, pods: int) -> None:
     """Start, advance or undo the moves of an in-process job's workers (the module says how);
     `reports`: the members' (a spare's plan is not the world's)."""
     if not job.spec.in_process:
         return
-    del now  # the rule reads no clock: every step waits on something observed
     by_name = {p.name: p for p in observed.workers}
     current = current_pods(r.acct.slots, observed.workers)
     joined = frozenset().union(*(rep.world_pods for rep in reports or ()))

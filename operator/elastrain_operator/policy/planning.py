@@ -408,8 +408,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         if hung is None:
             replace_planned_out(r, job, observed, member_reports(observed.progress),
                                 pods=pods, now=now)
-            move_noticed(r, job, observed, member_reports(observed.progress), pods=pods,
-                         now=now)
+            move_noticed(r, job, observed, member_reports(observed.progress), pods=pods)
     counts = _counts(job, r, observed, desired=desired, pods=pods)
     terminal = None if terminal_already else _decide_terminal(
         job, r, counts, finishing=finishing, store=store, now=now)
