@@ -83,12 +83,14 @@ def control_token(options: Options, job: TrainingJob) -> str | None:
 
 
 def with_notices(observed: Observed, options: Options) -> Observed:
-    """The notices of the nodes the job's workers run on (policy.notices)."""
+    """The notices of the nodes the job's workers run on (policy.notices), and which of them
+    are lost (policy.stale)."""
     if options.notices is None:
         return replace(observed, notices_off=options.notices_off) if options.notices_off \
             else observed
-    return replace(observed, notices=options.notices.of({w.node for w in observed.workers
-                                                         if w.node}))
+    nodes = {w.node for w in observed.workers if w.node}
+    return replace(observed, notices=options.notices.of(nodes),
+                   lost_nodes=options.notices.lost_of(nodes))
 
 
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:

@@ -1,4 +1,5 @@
-"""What the nodes say about their going (policy.notices), as a watch of Nodes keeps it.
+"""What the nodes say about their going (policy.notices) and whether they are gone already
+(policy.stale: NotReady or unreachable), as a watch of Nodes keeps it.
 
 Nodes are cluster-scoped: reading them needs a ClusterRole even for an operator that serves
 one namespace (the chart's `notices.enabled` grants get/list/watch on nodes). Without it the
@@ -14,39 +15,52 @@ from typing import Any
 
 from elastrain_operator.k8s.client import Kube, KubeError
 from elastrain_operator.policy.notices import DEFAULT_NOTICE_TAINTS, node_notice
+from elastrain_operator.policy.stale import node_lost
 
 
 class NodeNotices:
-    """Thread-safe: the watch writes, reconcile rounds read. Only nodes with a notice are kept:
-    a cluster of thousands of quiet nodes costs nothing."""
+    """Thread-safe: the watch writes, reconcile rounds read. Only nodes with a notice or lost
+    are kept: a cluster of thousands of quiet nodes costs nothing."""
 
     def __init__(self, taints: Collection[str]) -> None:
         self.taints = tuple(taints)
         self._lock = threading.Lock()
         self._said: dict[str, str] = {}
+        self._lost: dict[str, str] = {}
 
     def put(self, node: Mapping[str, Any]) -> bool:
         """A node's watch event; whether what it says changed."""
         name = str((node.get("metadata") or {}).get("name") or "")
-        return self._set(name, node_notice(node, self.taints))
+        if not name:
+            return False
+        with self._lock:
+            said = _set(self._said, name, node_notice(node, self.taints))
+            return _set(self._lost, name, node_lost(node)) or said
 
     def remove(self, name: str) -> bool:
-        return self._set(name, None)
-
-    def _set(self, name: str, signal: str | None) -> bool:
         with self._lock:
-            if not name or self._said.get(name) == signal:
-                return False
-            if signal is None:
-                self._said.pop(name, None)
-            else:
-                self._said[name] = signal
-            return True
+            said = _set(self._said, name, None)
+            return _set(self._lost, name, None) or said
 
     def of(self, nodes: Iterable[str]) -> dict[str, str]:
         """The notices among `nodes` (a job's workers' nodes)."""
         with self._lock:
             return {n: self._said[n] for n in nodes if n in self._said}
+
+    def lost_of(self, nodes: Iterable[str]) -> dict[str, str]:
+        """The lost nodes among `nodes`, with why."""
+        with self._lock:
+            return {n: self._lost[n] for n in nodes if n in self._lost}
+
+
+def _set(known: dict[str, str], name: str, value: str | None) -> bool:
+    if known.get(name) == value:
+        return False
+    if value is None:
+        known.pop(name, None)
+    else:
+        known[name] = value
+    return True
 
 
 # The chart sets them (values `notices.*`).

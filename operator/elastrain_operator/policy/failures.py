@@ -74,6 +74,8 @@ class WorkerPod:
     attempt: int
     phase: str = "Pending"
     deleting: bool = False
+    # When its graceful delete's grace period ends (deletionTimestamp); None while not deleting.
+    deletion_deadline: datetime | None = None
     has_finalizer: bool = False
     ready: bool = False
     pod_ip: str = ""
@@ -125,6 +127,7 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
         name=str(meta.get("name", "")), index=index, attempt=attempt,
         phase=str(status.get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_deadline=aware_time(meta.get("deletionTimestamp")),
         has_finalizer=finalizer in (meta.get("finalizers") or []),
         ready=bool(ready and ready.get("status") == "True"),
         pod_ip=str(status.get("podIP") or ""),

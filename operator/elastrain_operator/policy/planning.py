@@ -73,6 +73,7 @@ from elastrain_operator.policy.round import (
     Round,
     current_pods,
 )
+from elastrain_operator.policy.stale import Removal, removal
 from elastrain_operator.policy.status import (
     TERMINAL,
     Accounting,
@@ -251,15 +252,16 @@ def _ready_spares(job: TrainingJob, observed: Observed, *, spares: int, ready: i
     return min(old.ready_spares or 0, max(ready - old.ready_replicas, 0))
 
 
-def _cleanup_stale(r: Round, observed: Observed) -> None:
+def _cleanup_stale(r: Round, observed: Observed, now: datetime) -> None:
     current = current_pods(r.acct.slots, observed.workers)
     moving = {s.moving_from for s in r.acct.slots if s.moving_from}  # policy.notices' own
     for pod in observed.workers:
         if current.get(pod.index) is pod or pod.name in moving:
             continue
-        if pod.name in r.force_delete:
+        how = removal(pod, observed.lost_nodes, now)
+        if how is Removal.FORCE:
             r.force_delete_pods.append(pod.name)
-        elif not pod.deleting:
+        elif how is Removal.DELETE:
             r.delete_pods.append(pod.name)
         if pod.has_finalizer:
             r.release_pods.append(pod.name)
@@ -417,7 +419,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     if terminal_already or terminal is not None:
         _finish(r, job, observed)
     else:
-        _cleanup_stale(r, observed)
+        _cleanup_stale(r, observed, now)
         if not blocking:
             created, in_backoff, held = _converge(r, job, observed, pods=pods,
                                                   finishing=finishing, network=network,

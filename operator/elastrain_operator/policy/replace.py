@@ -10,8 +10,8 @@ and the world planned it out (fenced: it can neither train beside the world nor 
 member's /progress names such pods with how long ago it saw them planned out (`plannedOut`).
 Once one is out for PLANNED_OUT_GRACE, the operator counts it once as a failure (no notice),
 advances its slot (the replacement is created at once, no backoff: a lost node is not a crash
-loop) and force-deletes the old pod (grace 0: nothing in it may save any more, and a pod on an
-unreachable node would otherwise stay Terminating until its node answers). The grace lets a
+loop) and removes the old pod as any stale one (policy.stale: force-deleted where its node is
+lost, since a pod there would stay Terminating until its node answers). The grace lets a
 pod that was planned out but lives (a worker restarted in place by its launcher after a freeze
 or a crash) rejoin instead, which takes seconds; it is also why a replacement is never made
 for a pod still in the world: a pod that rejoined is no longer named.
@@ -78,10 +78,12 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
                        losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
                        recovering_since=acct.recovering_since or now)
         r.counted_restarts += 1
-        r.force_delete.append(pod.name)
+        lost = observed.lost_nodes.get(pod.node)
+        gone = (f"force-deleted (node {pod.node}: {lost})" if lost
+                else "deleted (force-deleted if its kubelet never confirms)")
         r.events.append(EventSpec("Warning", c.WORKER_FAILED,
                                   f"worker {index} (pod {pod.name}) {why}; replaced, the old "
-                                  "pod force-deleted"))
+                                  f"pod {gone}"))
     # New attempts in the status write that counts the losses: the old pods are then stale,
     # cleaned up (forced) and never counted again.
     slots = tuple(WorkerSlot(index=s.index, attempt=s.attempt + 1) if s.index in doomed else s

@@ -32,6 +32,9 @@ class Observed:
     # the job's workers run on, and empty where the operator reads no nodes.
     notices: Mapping[str, str] = field(default_factory=dict)
     notices_off: str = ""  # why the operator reads no notices though asked to (k8s.nodes)
+    # Nodes that will not confirm their pods' end (policy.stale): node -> why; the job's
+    # workers' nodes only, empty where the operator reads no nodes.
+    lost_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Plan:
     status: TrainingJobStatus
     create: tuple[Manifest, ...] = ()
     delete_pods: tuple[str, ...] = ()
-    force_delete_pods: tuple[str, ...] = ()  # deleted with grace 0 (policy.replace)
+    force_delete_pods: tuple[str, ...] = ()  # deleted with grace 0 (policy.stale)
     release_pods: tuple[str, ...] = ()
     delete_job: bool = False
     events: tuple[EventSpec, ...] = ()
@@ -58,8 +61,7 @@ class Round:
     events: list[EventSpec] = field(default_factory=list)
     create: list[Manifest] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
-    force_delete: list[str] = field(default_factory=list)  # pods to delete with grace 0 once stale
-    force_delete_pods: list[str] = field(default_factory=list)  # ... and stale this round
+    force_delete_pods: list[str] = field(default_factory=list)  # grace 0 (policy.stale)
     release_pods: list[str] = field(default_factory=list)
     counted_restarts: int = 0
     counted_preemptions: int = 0

@@ -5,56 +5,27 @@ an old pod only once the in-process world has its replacement (the members' /pro
 stand-in here, names it among its spares). The only fake is the cloud's notice: the test taints
 the node as Karpenter would.
 
-The test's two Nodes are its own (no kubelet backs them, as the tier's node) and carry a taint
-only its job tolerates, so no other test's pod lands on a node it taints.
+The test's two Nodes are its own (own_nodes).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 
-from elastrain_operator.k8s.client import Kube
 from tests.integration.operator.conftest import Cluster, Operator, wait_for
+from tests.integration.operator.own_nodes import ONLY, own_nodes, pinned
 from tests.stand_in_progress import StandInProgress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-POOL = "elastrain.dev/test-pool"
-ONLY = "elastrain.dev/test-only"
-
-
-def make_node(kube: Kube, name: str, pool: str, *, cordoned: bool) -> None:
-    kube.request("POST", "/api/v1/nodes", body={
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, POOL: pool,
-                                              "kubernetes.io/os": "linux"}}})
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-    kube.patch(f"/api/v1/nodes/{name}/status", {"status": {
-        "capacity": capacity, "allocatable": capacity,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "TestNode",
-                        "message": "no kubelet", "lastHeartbeatTime": now,
-                        "lastTransitionTime": now}]}})
-    # Replaces the not-ready taint admission put on it: only the test's job may land here.
-    kube.patch(f"/api/v1/nodes/{name}", {"spec": {
-        "unschedulable": cordoned,
-        "taints": [{"key": ONLY, "value": pool, "effect": "NoSchedule"}]}})
 
 
 @pytest.fixture
 def nodes(cluster: Cluster) -> Iterator[tuple[str, str, str]]:
-    pool = uuid.uuid4().hex[:8]
-    names = (f"notice-a-{pool}", f"notice-b-{pool}")
-    try:
-        make_node(cluster.kube, names[0], pool, cordoned=False)
-        make_node(cluster.kube, names[1], pool, cordoned=True)  # first, every pod lands on a
-        yield pool, *names
-    finally:
-        for name in names:
-            cluster.kube.delete(f"/api/v1/nodes/{name}")
+    # Node b cordoned at first: every pod lands on a.
+    with own_nodes(cluster.kube, "notice", False, True) as (pool, (a, b)):
+        yield pool, a, b
 
 
 def node_of(cluster: Cluster, pod: str) -> str:
@@ -70,9 +41,7 @@ def test_a_tainted_nodes_workers_move_replacement_first_and_nothing_is_counted(
     try:
         cluster.create_job(replicas=2, minReplicas=1, maxReplicas=2,
                            recovery={"mode": "InProcess"}, metricsPort=members.port,
-                           template={"nodeSelector": {POOL: pool}, "tolerations": [
-                               {"key": ONLY, "operator": "Equal", "value": pool,
-                                "effect": "NoSchedule"}]})
+                           template=pinned(pool))
         wait_for("both workers on node a", lambda: all(node_of(cluster, p) == a for p in old),
                  timeout=60)
         for pod in old:

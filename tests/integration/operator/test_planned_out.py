@@ -1,53 +1,77 @@
-"""A pod the in-process world planned out (issue 34 item 4; policy.replace), on a real
-apiserver: the members' control answers name it, and the operator counts it once as a failure,
-force-deletes it (bound to a node whose kubelet never answers, a graceful delete would leave it
-Terminating) and creates its replacement in the same round."""
+"""A pod the in-process world planned out (issue 34 item 4; policy.replace, policy.stale), on a
+real apiserver: the members' control answers name it, and the operator counts it once as a
+failure and creates its replacement in the same round. The old pod, on a node of the test's
+own whose kubelet never answers: deleted gracefully while its node is Ready (its kubelet would
+end it and confirm), so it stays Terminating; force-deleted once its Node says NotReady, as the
+Node watch keeps it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from elastrain_operator.control import job_token
+from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.reconcile import Options, reconcile_once
 from tests.integration.operator.conftest import Cluster, wait_for
+from tests.integration.operator.own_nodes import own_nodes, pinned, ready_condition
 from tests.stand_in_progress import StandInProgress
 
 pytestmark = pytest.mark.cluster
 
 
-def test_a_planned_out_pod_is_force_deleted_replaced_and_counted_once(cluster: Cluster) -> None:
+def read(cluster: Cluster, node: str) -> dict[str, Any]:
+    found = cluster.kube.get(f"/api/v1/nodes/{node}")
+    assert found is not None
+    return found
+
+
+def test_a_planned_out_pod_is_replaced_counted_once_and_forced_only_once_its_node_is_lost(
+        cluster: Cluster) -> None:
     key = b"the operator's key, 32 characters or more"
     # Workers 0 and 1 answer at 127.0.0.1; worker 2 went dark (nothing answers at 127.0.0.3).
     members = StandInProgress({"step": 40, "totalSteps": 100, "worldSize": 2,
                                "role": "member", "plannedOut": {"demo-worker-2-0": 20.0}})
-    try:
-        job = cluster.create_job(replicas=3, minReplicas=2, recovery={"mode": "InProcess"},
-                                 metricsPort=members.port)
-        members.token = job_token(key, job["metadata"]["uid"])
-        assert reconcile_once(cluster.kube, cluster.ns, "demo",
-                              Options(control_key=key)) == "success"
-        names = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
-        assert cluster.worker_names() == names
-        # Scheduled (the premise: a bound pod is its node's kubelet's to end, and this tier's
-        # nodes have none), then running.
-        wait_for("the workers scheduled", lambda: all(
-            p["spec"].get("nodeName") for p in cluster.pods().values()) or None)
-        for name, ip in zip(names, ("127.0.0.1", "127.0.0.1", "127.0.0.3"), strict=True):
-            cluster.run(name, ip=ip)
-        assert cluster.kubelet is not None
-        cluster.kubelet.dark.add("demo-worker-2-0")  # its node's kubelet confirms nothing
-        assert reconcile_once(cluster.kube, cluster.ns, "demo",
-                              Options(poll_progress=True, control_key=key)) == "success"
-    finally:
-        members.close()
-    assert members.paths == ["POST /control"] * 2
-    # Gone, not Terminating: a graceful delete would wait for its node's kubelet forever.
-    assert sorted(cluster.pods(live=False)) == ["demo-worker-0-0", "demo-worker-1-0",
-                                                "demo-worker-2-1"]
+    nodes = NodeNotices(())
+    with own_nodes(cluster.kube, "lost", False) as (pool, (node,)):
+        try:
+            job = cluster.create_job(replicas=3, minReplicas=2, recovery={"mode": "InProcess"},
+                                     metricsPort=members.port, template=pinned(pool))
+            members.token = job_token(key, job["metadata"]["uid"])
+            options = Options(poll_progress=True, control_key=key, notices=nodes)
+            assert reconcile_once(cluster.kube, cluster.ns, "demo",
+                                  Options(control_key=key)) == "success"
+            names = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+            assert cluster.worker_names() == names
+            # Bound (the premise: a bound pod is its node's kubelet's to end), then running.
+            wait_for("the workers on the test's node", lambda: all(
+                p["spec"].get("nodeName") == node for p in cluster.pods().values()) or None)
+            for name, ip in zip(names, ("127.0.0.1", "127.0.0.1", "127.0.0.3"), strict=True):
+                cluster.run(name, ip=ip)
+            assert cluster.kubelet is not None
+            cluster.kubelet.dark.add("demo-worker-2-0")  # its kubelet confirms nothing
+            nodes.put(read(cluster, node))  # the watch: Ready
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            # Replaced and counted; the old pod asked to end, as its kubelet would be.
+            pods = cluster.pods(live=False)
+            assert sorted(pods) == [*names, "demo-worker-2-1"]
+            assert pods["demo-worker-2-0"]["metadata"].get("deletionTimestamp")
+            # Its node goes NotReady (the node controller's word): forced at once.
+            cluster.kube.patch(f"/api/v1/nodes/{node}/status", {"status": {
+                "conditions": [ready_condition("Unknown", "NodeStatusUnknown")]}})
+            assert nodes.put(read(cluster, node))
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        finally:
+            members.close()
+        # Gone, not Terminating: a graceful delete would wait for its node's kubelet forever.
+        assert sorted(cluster.pods(live=False)) == ["demo-worker-0-0", "demo-worker-1-0",
+                                                    "demo-worker-2-1"]
     status = cluster.status()
     assert (status["restarts"], status["preemptions"]) == (1, 0)
     (loss,) = status["recentLosses"]
     assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
     assert loss["reason"].startswith("planned out by the in-process world 20s ago")
     events = [e["message"] for e in cluster.events("WorkerFailed")]
-    assert any("planned out" in m and "force-deleted" in m for m in events), events
+    assert any("planned out" in m and "force-deleted if its kubelet never confirms" in m
+               for m in events), events

@@ -1,6 +1,6 @@
 """Pods the in-process world planned out without notice (policy.replace): replaced once each,
-counted as a failure, the old pod force-deleted; never before the grace, never in Restart mode,
-never a pod that is back."""
+counted as a failure, the old pod deleted as a stale one (policy.stale: forced where its node is
+lost); never before the grace, never in Restart mode, never a pod that is back."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def running_world(**spec: Any) -> World:
     w.run_all()
     w.reconcile(T0 + timedelta(seconds=1))
     assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    for i, name in enumerate(w.workers()):
+        w.pods[name]["spec"]["nodeName"] = f"node-{i}"
     return w
 
 
@@ -39,7 +41,9 @@ def test_a_pod_planned_out_past_the_grace_is_counted_once_and_replaced_at_once()
     assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
     # Two members, one of which saw it later: the earliest sighting counts.
     p = w.reconcile(now, progress=(member({"demo-worker-2-0": grace + 1}),
-                                   member({"demo-worker-2-0": 2.0})))
+                                   member({"demo-worker-2-0": 2.0})),
+                    lost_nodes={"node-2": "Ready=Unknown (NodeStatusUnknown)"})
+    # Its node is lost: no kubelet would confirm a graceful delete.
     assert p.force_delete_pods == ("demo-worker-2-0",) and not p.delete_pods
     assert p.counted_restarts == 1
     assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
@@ -49,7 +53,7 @@ def test_a_pod_planned_out_past_the_grace_is_counted_once_and_replaced_at_once()
     assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
     assert "planned out by the in-process world" in loss["reason"]
     (event,) = [e for e in p.events if e.reason == c.WORKER_FAILED and "planned out" in e.message]
-    assert event.type == "Warning" and "force-deleted" in event.message
+    assert event.type == "Warning" and "force-deleted (node node-2: Ready=Unknown" in event.message
     # Reports that still name the old pod (a member's list lags) count nothing more.
     again = w.reconcile(now + timedelta(seconds=1),
                         progress=(member({"demo-worker-2-0": grace + 2}),))
@@ -77,3 +81,17 @@ def test_the_grace_follows_a_long_heartbeat_timeout_and_bad_entries_are_dropped(
                                                      "e": float("nan"), "f": 2.5}})
     assert told is not None and dict(told.planned_out) == {"a": 3.0, "f": 2.5}
     assert parse_progress({"step": 1, "plannedOut": ["a"]}).planned_out == {}  # type: ignore[union-attr]
+
+
+def test_a_planned_out_pod_on_a_node_that_looks_fine_is_deleted_gracefully() -> None:
+    # Its node is Ready (a frozen process, a pod-level partition): its kubelet ends it, and its
+    # trainer gets its SIGTERM; the object goes once the kubelet confirms.
+    w = running_world(recovery={"mode": "InProcess"})
+    now = T0 + timedelta(seconds=30)
+    p = w.reconcile(now, progress=(member({"demo-worker-2-0": 20.0}),),
+                    lost_nodes={"node-0": "Ready=False"})  # another worker's node
+    assert p.delete_pods == ("demo-worker-2-0",) and not p.force_delete_pods
+    assert p.counted_restarts == 1
+    assert any("the old pod deleted (force-deleted if its kubelet never confirms)" in e.message
+               for e in p.events)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
