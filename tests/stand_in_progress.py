@@ -15,7 +15,8 @@ class StandInProgress:
     <path>"); with `answers`, only that many polls get it and later ones 503 (a trainer that
     gave up at start serves its reason until one poll read it, then exits). `POST /control`
     as the trainer answers it: 403 without `token` (no control token), 401 for another
-    bearer, else the desired world is kept in `told` and the document served."""
+    bearer, else the desired world is kept in `told` (and the pods said to be moving in
+    `told_moving`) and the document served."""
 
     def __init__(self, document: dict[str, Any] | None = None,
                  answers: int | None = None, *, host: str = "127.0.0.1", port: int = 0,
@@ -24,6 +25,7 @@ class StandInProgress:
         self.polls = 0
         self.paths: list[str] = []
         self.told: list[int] = []
+        self.told_moving: list[list[str]] = []
         self.token = token  # may be set later (a job's token is known once it exists)
         stand_in = self
 
@@ -47,7 +49,9 @@ class StandInProgress:
                 elif self.headers.get("Authorization") != f"Bearer {stand_in.token}":
                     self.send_error(401)
                 else:
-                    stand_in.told.append(int(json.loads(body)["replicas"]))
+                    message = json.loads(body)
+                    stand_in.told.append(int(message["replicas"]))
+                    stand_in.told_moving.append(list(message.get("moving", [])))
                     self._send(200)
 
             def _send(self, code: int) -> None:

@@ -196,8 +196,11 @@ def tick(state: OperatorState, key: tuple[str, str], uid: str) -> None:
     assert state.queue
     now = time.monotonic()
     # A poll of a job with no Ready worker would ask nobody: skip it (and plan nothing) until
-    # one is Ready, so 1000 pending or idle jobs cost no planning rounds.
-    poll = now - state.last_progress_poll.get(uid, 0.0) >= PROGRESS_INTERVAL_SECONDS \
+    # one is Ready, so 1000 pending or idle jobs cost no planning rounds. While a worker moves
+    # (policy.notices), every tick polls: the old pod leaves once the poll sees its replacement
+    # in the world's plan.
+    interval = 0.0 if state.cache.moving(key) else PROGRESS_INTERVAL_SECONDS
+    poll = now - state.last_progress_poll.get(uid, 0.0) >= interval \
         and state.cache.pollable(key)
     if poll:
         state.last_progress_poll[uid] = now

@@ -2,11 +2,13 @@
 trainers the desired world on the control channel.
 
 In-process jobs are asked `POST /control` with the job's token (control.py) and `{"replicas":
-<desired workers>}`: how their trainers learn the desired world after `kubectl scale` (and so
-who waits as a spare); the answer is the same progress document. A trainer that refuses the
-token (its job's Secret holds another key's, or it has none: pods from before the channel) is
-read with the plain GET and a warning says why it cannot be steered. Restart-mode jobs are asked
-the plain path.
+<desired workers>, "moving": [pods]}`: how their trainers learn the desired world after
+`kubectl scale` (and so who waits as a spare), and which pods are moving off a node with a
+notice (policy.notices: such a pod's trainer, SIGTERMed before its replacement joined, trains on
+until a node can take its place); the answer is the same progress document. A trainer that
+refuses the token (its job's Secret holds another key's, or it has none: pods from before the
+channel) is read with the plain GET and a warning says why it cannot be steered. Restart-mode
+jobs are asked the plain path.
 
 Short timeouts and every other failure ignored: progress is nice to have, never a reason for a
 reconcile to fail or stall. At most MAX_POLLED Ready workers are asked, in parallel.
@@ -22,12 +24,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from elastrain_operator.model.spec import TrainingJobSpec
+from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.failures import WorkerPod, answers_progress
 from elastrain_operator.policy.progress import ProgressReport, parse_progress
 
 log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 1.0
 MAX_POLLED = 8
+MAX_MOVING = 200  # what a trainer accepts (its MAX_MOVING)
 
 
 def _base(ip: str, port: int) -> str:
@@ -36,13 +40,14 @@ def _base(ip: str, port: int) -> str:
 
 def fetch_progress(ip: str, port: int, replicas: int | None = None,
                    timeout: float = TIMEOUT_SECONDS, token: str | None = None,
-                   ) -> ProgressReport | None:
-    """The trainer's progress; with `token` and `replicas`, the desired world told on the
-    control channel first (which answers the same document)."""
+                   moving: Sequence[str] = ()) -> ProgressReport | None:
+    """The trainer's progress; with `token` and `replicas`, the desired world (and the pods
+    `moving`) told on the control channel first (which answers the same document)."""
     if token is not None and replicas is not None:
         request = urllib.request.Request(
             f"{_base(ip, port)}/control", method="POST",
-            data=json.dumps({"replicas": replicas}).encode(),
+            data=json.dumps({"replicas": replicas,
+                             "moving": list(moving[:MAX_MOVING])}).encode(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as rsp:
@@ -80,18 +85,25 @@ def _refused(ip: str, port: int, code: int) -> None:
 
 
 def poll_progress(workers: Sequence[WorkerPod], port: int, replicas: int | None = None,
-                  token: str | None = None) -> tuple[ProgressReport, ...]:
+                  token: str | None = None, moving: Sequence[str] = ()
+                  ) -> tuple[ProgressReport, ...]:
     """`replicas`: the desired workers to tell every trainer, with the job's control `token`
-    (either None: ask the plain path)."""
+    (either None: ask the plain path); `moving`: the pods being moved (told_moving)."""
     targets = [w.pod_ip for w in workers if answers_progress(w)][:MAX_POLLED]
     if not targets or not port:
         return ()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
         reports = list(pool.map(
-            lambda ip: fetch_progress(ip, port, replicas, token=token), targets))
+            lambda ip: fetch_progress(ip, port, replicas, token=token, moving=moving),
+            targets))
     return tuple(r for r in reports if r is not None)
 
 
 def told_replicas(spec: TrainingJobSpec) -> int | None:
     """What a poll of this job tells its trainers: the desired workers, in-process only."""
     return spec.desired_workers if spec.in_process else None
+
+
+def told_moving(status: TrainingJobStatus) -> tuple[str, ...]:
+    """The pods a poll tells the trainers are moving: each slot's old pod while it moves."""
+    return tuple(s.moving_from for s in status.slots if s.moving_from)

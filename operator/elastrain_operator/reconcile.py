@@ -48,7 +48,7 @@ from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.round import Observed
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
-from elastrain_operator.probe import poll_progress, told_replicas
+from elastrain_operator.probe import poll_progress, told_moving, told_replicas
 from elastrain_operator.render.control import controlled, render_control_secret
 from elastrain_operator.render.network import MetricsPeers
 
@@ -120,7 +120,7 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
             observed.workers, spec.metrics_port, told_replicas(spec),
-            token=control_token(options, cached.job)))
+            token=control_token(options, cached.job), moving=told_moving(cached.job.status)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -199,13 +199,15 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         if not polled:
             polled.append(poll_progress(observed.workers, job.spec.metrics_port,
                                         told_replicas(job.spec),
-                                        token=control_token(options, job)))
+                                        token=control_token(options, job),
+                                        moving=told_moving(job.status)))
         observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:
         written = write_status(kube, raw, p.status)
         if options.cache is not None and written:
             options.cache.put_job(written, written=True)  # the next check plans from it
+        _tell_new_moves(job, p.status, observed, control_token(options, job))
     since = options.cache.begin() if options.cache is not None else None
     secret_errors = _ensure_control_secret(kube, job, p.create, control_token(options, job))
     applied = apply_children(kube, ns, delete=p.delete_pods, force_delete=p.force_delete_pods,
@@ -232,6 +234,17 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         log.info("reconciled %s/%s: phase=%s created=%d deleted=%d restarts=%d preemptions=%d",
                  ns, job.metadata.name, p.status.phase, len(p.create), len(p.delete_pods),
                  p.status.restarts, p.status.preemptions)
+
+
+def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Observed,
+                    token: str | None) -> None:
+    """A move that started this round is told to the trainers at once, not at the next poll:
+    a drain seconds after the notice must find the old pod's trainer knowing it moves (it then
+    trains on until a node can take its place, inprocess.hold)."""
+    moving = told_moving(status)
+    if token is not None and set(moving) - set(told_moving(job.status)):
+        poll_progress(observed.workers, job.spec.metrics_port, told_replicas(job.spec),
+                      token=token, moving=moving)
 
 
 def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:

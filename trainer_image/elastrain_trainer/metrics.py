@@ -104,6 +104,8 @@ class _Progress:
     role: str | None = None
     # The desired world (spec.replicas) from the operator's `POST /control` (apply_control).
     desired_replicas: int | None = None
+    # ... and the pods it is moving off nodes with a notice (inprocess.hold).
+    moving: frozenset[str] = frozenset()
     # InProcess: pods the world planned out without notice and not back since (Plan.lost),
     # each with when (this process's monotonic clock) this trainer first saw it so.
     planned_out: dict[str, float] = field(default_factory=dict)
@@ -208,11 +210,18 @@ def desired_replicas() -> int | None:
         return _progress.desired_replicas
 
 
+def moving_pods() -> frozenset[str]:
+    """The pods the operator's latest `POST /control` said it is moving."""
+    with _lock:
+        return _progress.moving
+
+
 # The operator's control channel (issue 34 item 6): only a request that bears the job's control
 # token (a file from the job's Secret, read per request so a rotated Secret takes effect) may
 # change what the trainer does; /progress and /metrics are read-only for everyone.
 CONTROL_TOKEN_FILE_ENV = "ELASTRAIN_CONTROL_TOKEN_FILE"
-MAX_CONTROL_BODY = 4096
+MAX_CONTROL_BODY = 65536
+MAX_MOVING = 200  # pod names of 253 characters at most: the body fits MAX_CONTROL_BODY
 
 
 class ControlRefused(Exception):
@@ -235,8 +244,10 @@ def _control_token() -> str | None:
 
 
 def apply_control(authorization: str | None, body: bytes) -> None:
-    """A control request: `Authorization: Bearer <token>`, a JSON object `{"replicas": N}`.
-    ControlRefused (and nothing changed) unless the token is the job's."""
+    """A control request: `Authorization: Bearer <token>`, a JSON object `{"replicas": N}`
+    and optionally `"moving": [pod, ...]` (the pods the operator moves off a node with a
+    notice). ControlRefused (and nothing changed) unless the token is the job's and the
+    message well formed."""
     import hmac
 
     token = _control_token()
@@ -253,8 +264,13 @@ def apply_control(authorization: str | None, body: bytes) -> None:
     replicas = message.get("replicas") if isinstance(message, dict) else None
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
         raise ControlRefused(400, '"replicas" must be a whole number of at least 1')
+    moving = message.get("moving", [])
+    if not isinstance(moving, list) or len(moving) > MAX_MOVING or not all(
+            isinstance(p, str) and 0 < len(p) <= 253 for p in moving):
+        raise ControlRefused(400, f'"moving" must be a list of at most {MAX_MOVING} pod names')
     with _lock:
         _progress.desired_replicas = replicas
+        _progress.moving = frozenset(moving)
 
 
 def record_resumed(step: int) -> None:

@@ -313,6 +313,12 @@ class Cache:
             view = self._views.get(key)
             return view is not None and any(d > now for d in view.expected.values())
 
+    def moving(self, key: Key) -> bool:
+        """Whether the job's status says a worker is moving (policy.notices)."""
+        cached = self.job(key)
+        return bool(cached is not None and cached.job is not None
+                    and any(s.moving_from for s in cached.job.status.slots))
+
     def pollable(self, key: Key) -> bool:
         """Whether a progress poll of this job could reach anyone (probe.poll_progress asks the
         workers that answers_progress), or nothing is known of its pods yet."""

@@ -14,6 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from elastrain_operator.control import job_token
+from elastrain_operator.k8s.nodes import NodeNotices
+from elastrain_operator.policy.notices import DEFAULT_NOTICE_TAINTS
+from elastrain_operator.reconcile import Options, reconcile_once
 from tests.integration.operator.conftest import Cluster, Operator, wait_for
 from tests.integration.operator.own_nodes import ONLY, own_nodes, pinned
 from tests.stand_in_progress import StandInProgress
@@ -78,3 +82,42 @@ def test_a_tainted_nodes_workers_move_replacement_first_and_nothing_is_counted(
     messages = [e["message"] for e in cluster.events("NodeDisruptionNotice")]
     assert any(a in m and "moves" in m for m in messages), messages
     assert any("joined the world" in m for m in messages), messages
+
+
+def test_a_move_is_told_to_the_trainers_in_the_round_that_starts_it(cluster: Cluster) -> None:
+    """A drain may follow its notice within seconds: the old pod's trainer must know it moves
+    before then (it trains on after its SIGTERM until a node can take its place), so the round
+    that starts the move tells the members at once, not at the next progress poll."""
+    key = b"the operator's key, 32 characters or more"
+    members = StandInProgress({"step": 40, "totalSteps": 1000, "worldSize": 2,
+                               "role": "member"})
+    notices = NodeNotices(DEFAULT_NOTICE_TAINTS)
+    with own_nodes(cluster.kube, "tell", False, False) as (pool, (a, b)):
+        try:
+            job = cluster.create_job(replicas=2, minReplicas=1, maxReplicas=2,
+                                     recovery={"mode": "InProcess"}, metricsPort=members.port,
+                                     template=pinned(pool))
+            members.token = job_token(key, job["metadata"]["uid"])
+            options = Options(control_key=key, notices=notices)  # a round that polls nothing
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            old = ["demo-worker-0-0", "demo-worker-1-0"]
+            wait_for("both workers scheduled", lambda: all(node_of(cluster, p) for p in old),
+                     timeout=60)
+            for pod in old:
+                cluster.run(pod)
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            assert members.told_moving == []
+            doomed = sorted(p for p in old if node_of(cluster, p) == a) or \
+                sorted(p for p in old if node_of(cluster, p) == b)
+            node = node_of(cluster, doomed[0])
+            cluster.kube.patch(f"/api/v1/nodes/{node}", {"spec": {"taints": [
+                {"key": ONLY, "value": pool, "effect": "NoSchedule"},
+                {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
+            found = cluster.kube.get(f"/api/v1/nodes/{node}")
+            assert found is not None and notices.put(found)
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        finally:
+            members.close()
+    # One POST per worker (both answer at this one stand-in), in the round of the notice.
+    assert members.told_moving == [doomed, doomed]
+    assert members.told == [2, 2]

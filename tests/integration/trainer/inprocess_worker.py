@@ -95,7 +95,9 @@ def run_inprocess(a: argparse.Namespace) -> int:
     member = Member(MemberConfig(
         node_id=a.node, store_host=HOST, store_port=a.port, run_id=a.run,
         plan=PlanConfig(GLOBAL_BATCH, MICRO, max_world=3, min_world=1), expected=a.expected,
-        heartbeat_timeout_s=a.heartbeat_timeout))
+        heartbeat_timeout_s=a.heartbeat_timeout, hold_budget_s=a.hold_budget,
+        # As the operator's control says of a pod it moves off a node with a notice.
+        moving=(lambda: frozenset({a.node})) if a.moving else frozenset))
     member.install_signal()
     member.wait_alone()
     net, opt = build()
@@ -195,6 +197,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hold-at", type=int, default=-1)
     p.add_argument("--hold-key", default="test/join-go")
     p.add_argument("--join-gate", default="")
+    p.add_argument("--moving", action="store_true")
+    p.add_argument("--hold-budget", type=float, default=60.0)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--until", type=int, default=0)

@@ -191,6 +191,37 @@ def test_a_worker_leaving_with_notice_costs_survivors_no_restart_and_no_step(
     assert finals["a"] == finals["b"]
 
 
+def test_a_moving_worker_signalled_before_its_replacement_came_trains_on_until_it_has(
+        nodes: Nodes, tmp_path: Path) -> None:
+    # c's pod moves off a node with a notice (the operator's control says so) and a drain
+    # SIGTERMs it before its replacement d exists: c trains on, the world stays at 3, and c
+    # leaves only once d waits to take its place (inprocess.hold).
+    procs = {n: nodes.node(n, "--steps", "250", "--sleep", "0.05",
+                           *(["--moving"] if n == "c" else [])) for n in "abc"}
+    wait_for(lambda: len(steps_of(events(tmp_path, "c"))) >= 5, "c at step 5")
+    procs["c"].send_signal(signal.SIGTERM)
+    signalled_at = steps_of(events(tmp_path, "c"))[-1]
+    wait_for(lambda: len(steps_of(events(tmp_path, "c"))) >= signalled_at + 20,
+             "c training on 20 steps after its SIGTERM")
+    assert "leave_held" in nodes.log_of("c")
+    nodes.node("d", "--steps", "250", "--sleep", "0.05")
+    codes = nodes.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0, "d": 0}, {n: nodes.log_of(n) for n in codes}
+    ev = {n: events(tmp_path, n) for n in "abcd"}
+    left = [e for e in ev["c"] if e["event"] == "left"]
+    assert len(left) == 1 and left[0]["step"] >= signalled_at + 20
+    ended = [json.loads(line[line.index("{"):]) for line in nodes.log_of("c").splitlines()
+             if '"leave_hold_ended"' in line]
+    assert [e["reason"] for e in ended] == ["replaced"], ended
+    # a trained every step at world 3: d waited as a spare, then took c's place.
+    steps = [e for e in ev["a"] if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 251))
+    assert {e["world"] for e in steps} == {3}
+    regroups = [(e["world"], e["reason"]) for e in ev["a"] if e["event"] == "regroup"]
+    assert regroups[-1] == (3, "leave") and all(w == 3 for w, _ in regroups), regroups
+    assert ev["d"][0]["healed_from"] in {"a", "b", "c"}
+
+
 # ---------------------------------------------------------------- a joiner (section 6)
 def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
         nodes: Nodes, tmp_path: Path) -> None:

@@ -127,3 +127,29 @@ def test_a_deleted_job_leaves_the_phase_gauge_after_its_last_round() -> None:
     assert suspended() == before + 1, "forgotten before the key's round, which could record it"
     state.handle(KEY, False)
     assert suspended() == before
+
+
+def test_a_job_whose_worker_moves_is_polled_every_tick() -> None:
+    """While a worker moves (policy.notices), the old pod leaves once a poll sees its
+    replacement in the world's plan: every tick polls, not every PROGRESS_INTERVAL."""
+    from elastrain_operator import handlers
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.polls: list[bool] = []
+
+        def add(self, key: tuple[str, str], *, urgent: bool, poll: bool = False) -> None:
+            self.polls.append(poll)
+
+    for moving, want in ((None, 1), ("demo-worker-0-0", 2)):
+        recorder = Recorder()
+        state = OperatorState(queue=cast(WorkQueue, recorder))
+        state.cache.put_job({
+            "apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": KEY[1], "namespace": KEY[0], "uid": "u1",
+                         "resourceVersion": "1", "generation": 1},
+            "spec": {"image": "img", "replicas": 2, "recovery": {"mode": "InProcess"}},
+            "status": {"slots": [{"index": 0, "attempt": 1, "movingFrom": moving}]}})
+        handlers.tick(state, KEY, "u1")
+        handlers.tick(state, KEY, "u1")  # at once: PROGRESS_INTERVAL has not passed
+        assert recorder.polls.count(True) == want, (moving, recorder.polls)

@@ -21,6 +21,7 @@ def port() -> Iterator[int]:
     server = metrics.serve(0, host="127.0.0.1")
     with metrics._lock:
         metrics._progress.desired_replicas = None
+        metrics._progress.moving = frozenset()
     try:
         yield int(server.server_address[1])
     finally:
@@ -80,3 +81,22 @@ def test_the_operators_poll_tells_the_desired_world_with_the_jobs_token(
         is not None and metrics.desired_replicas() is None
     report = fetch_progress("127.0.0.1", port, replicas=2, token=token)
     assert report is not None and metrics.desired_replicas() == 2
+
+
+def test_control_names_the_pods_that_move_and_refuses_a_bad_list(
+        port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastrain_operator.control import job_token
+    from elastrain_operator.probe import fetch_progress
+
+    token = job_token(b"operator key", "uid-1")
+    (tmp_path / "token").write_text(token)
+    monkeypatch.setenv(metrics.CONTROL_TOKEN_FILE_ENV, str(tmp_path / "token"))
+    for bad in ("w-0", [1], [""], ["w"] * (metrics.MAX_MOVING + 1)):
+        status, _ = post(port, {"replicas": 2, "moving": bad}, token)
+        assert status == 400 and metrics.desired_replicas() is None, bad
+    assert metrics.moving_pods() == frozenset()
+    # What the operator's poll sends while a worker moves; the next poll's list replaces it.
+    assert fetch_progress("127.0.0.1", port, replicas=2, token=token,
+                          moving=("w-0-0", "w-1-0")) is not None
+    assert metrics.moving_pods() == {"w-0-0", "w-1-0"} and metrics.desired_replicas() == 2
+    assert post(port, {"replicas": 2}, token)[0] == 200 and metrics.moving_pods() == frozenset()

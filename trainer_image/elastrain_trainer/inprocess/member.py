@@ -44,6 +44,7 @@ from elastrain_trainer.inprocess import regroup, rewrap, sever, transfer
 from elastrain_trainer.inprocess.admission import Admission
 from elastrain_trainer.inprocess.fence import StoreFence
 from elastrain_trainer.inprocess.heartbeat import Heartbeat
+from elastrain_trainer.inprocess.hold import LeaveHold
 from elastrain_trainer.inprocess.member_config import (
     Change,
     EntryFailedError,
@@ -88,6 +89,7 @@ class Member(Admission):
         self.last: Change | None = None
         self.signalled = False
         self._leave_sent = False
+        self.hold = LeaveHold(cfg.node_id, cfg.hold_budget_s, cfg.moving)
         self.dissolving = False  # the next generation is a stop (too few nodes remain)
         # A generation this node was to enter failed before its group existed, and the plan
         # after it does not name this node: the old group is gone, so no stop's save either.
@@ -265,8 +267,9 @@ class Member(Admission):
     # -- with notice -----------------------------------------------------------------------
     def boundary(self, step: int, *others: bool) -> tuple[bool, ...]:
         """The per-step agreement: (change, *others), each OR-ed over all ranks in one small
-        all-reduce. `change` when this node was signalled (it asks to leave first) or, on the
-        coordinator, when the store's `pending` counter moved since the plan."""
+        all-reduce. `change` when this node was signalled (it asks to leave first, unless it
+        holds: inprocess.hold) or, on the coordinator, when the store's `pending` counter moved
+        since the plan."""
         assert self.plan is not None
         self._follow_store()
         founded = self.founded is not None
@@ -274,7 +277,7 @@ class Member(Admission):
         with contextlib.suppress(dist.DistError):
             self._publish_desired()
         try:  # while the store is away nothing can change: the leave waits for it
-            if self.signalled and not self._leave_sent:
+            if self.signalled and not self._leave_sent and not self.hold.holds(self.plan):
                 self.store.request_leave(self.node_id, step)
                 self._leave_sent = True
             change = self._leave_sent

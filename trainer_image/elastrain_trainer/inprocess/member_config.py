@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S
@@ -48,6 +48,10 @@ class MemberConfig:
     spares: int = 0
     desired: Callable[[], int | None] = lambda: None
     on_role: Callable[[str], None] = lambda role: None  # "member" | "spare", for /progress
+    # The pods the operator is moving off a node with a notice, and how long such a pod's
+    # SIGTERMed member may hold its leave until a node can take its place (inprocess.hold).
+    moving: Callable[[], Collection[str]] = frozenset
+    hold_budget_s: float = 0.0
 
 
 class Resharding(Protocol):

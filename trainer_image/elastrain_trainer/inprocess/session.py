@@ -25,6 +25,7 @@ from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import fsdp, rewrap, transfer
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
+from elastrain_trainer.inprocess.hold import hold_budget_s
 from elastrain_trainer.inprocess.member import (
     Member,
     MemberConfig,
@@ -117,7 +118,8 @@ class InProcessRuntime:
             plan=PlanConfig(global_batch, micro_batch, max_world=cfg.max_replicas,
                             min_world=cfg.min_replicas),
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
-            desired=metrics.desired_replicas, on_role=metrics.record_role)))
+            desired=metrics.desired_replicas, on_role=metrics.record_role,
+            moving=metrics.moving_pods, hold_budget_s=hold_budget_s())))
         self.member.wait_alone()
         self.peer_loss = PeerLoss()
 
