@@ -6,6 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+CACHE ?= $(or $(ELASTRAIN_CACHE),$(HOME)/.cache/elastrain)
 
 .PHONY: help
 help:  ## list targets
@@ -37,7 +38,9 @@ crds: venv  ## regenerate crds/ from the pydantic models
 .PHONY: lint
 lint: venv  ## ruff, mypy (strict) and import-linter contracts
 	$(BIN)/ruff check operator trainer_image tests bench
-	$(BIN)/mypy operator trainer_image
+	# mypy's cache outside the repo: a fresh clone rechecks only what changed (it compares
+	# each file's hash when its mtime differs; writes are atomic), ~1 s instead of ~30 s.
+	$(BIN)/mypy --cache-dir $(CACHE)/mypy operator trainer_image
 	$(BIN)/lint-imports
 
 .PHONY: build-deps
