@@ -22,8 +22,12 @@ below its size for a notice it was given:
    pod's attempt, the new pod goes: the job is exactly its spec size again); an old pod taken
    before its replacement joined (a drain quicker than the move) is counted once as any lost
    worker (policy.planning): the world did shrink.
-Restart-mode jobs keep today's path (each worker restarts on a move: a notice buys them
-nothing the SIGTERM's save does not).
+A Restart-mode job moves a worker "a save, then the move": its replacement is created first
+as above; once the scheduler has bound it to another node, the old pod is deleted, and its
+SIGTERM makes every worker save the step and restart (torchrun's rendezvous), the replacement
+among them. Not counted, 0 steps lost, and done at a step boundary of the operator's choosing,
+not at the eviction's deadline; the same rules for an unschedulable replacement, a withdrawal
+and a drain quicker than the move.
 """
 
 from __future__ import annotations
@@ -71,51 +75,60 @@ def node_notice(node: Mapping[str, Any], taints: Collection[str]) -> str | None:
 
 def move_noticed(r: Round, job: TrainingJob, observed: Observed,
                  reports: Sequence[ProgressReport] | None, *, pods: int) -> None:
-    """Start, advance or undo the moves of an in-process job's workers (the module says how);
+    """Start, advance or undo the moves of a job's workers (the module says how);
     `reports`: the members' (a spare's plan is not the world's)."""
-    if not job.spec.in_process:
-        return
     by_name = {p.name: p for p in observed.workers}
     current = current_pods(r.acct.slots, observed.workers)
-    joined = frozenset().union(*(rep.world_pods for rep in reports or ()))
+    if job.spec.in_process:
+        ready = frozenset().union(*(rep.world_pods for rep in reports or ()))
+    else:  # bound to a node: its agent will be at the rendezvous the old pod's leave opens
+        ready = frozenset(p.name for p in observed.workers if p.node and not p.deleting
+                          and classify_pod_exit(p) in (Exit.RUNNING, Exit.PENDING))
     slots = []
     for slot in r.acct.slots:
         if slot.index < pods:
-            slot = (_advance(r, slot, by_name.get(slot.moving_from), current.get(slot.index),
-                             joined, observed.notices) if slot.moving_from
-                    else _start(r, slot, current.get(slot.index), observed))
+            slot = (_advance(r, job, slot, by_name.get(slot.moving_from),
+                             current.get(slot.index), ready, observed.notices)
+                    if slot.moving_from else _start(r, job, slot, current.get(slot.index),
+                                                    observed))
         slots.append(slot)
     r.acct = replace(r.acct, slots=tuple(slots))
 
 
-def _start(r: Round, slot: WorkerSlot, pod: WorkerPod | None, observed: Observed) -> WorkerSlot:
+def _start(r: Round, job: TrainingJob, slot: WorkerSlot, pod: WorkerPod | None,
+           observed: Observed) -> WorkerSlot:
     if pod is None or pod.deleting or classify_pod_exit(pod) is not Exit.RUNNING:
         return slot
     signal = observed.notices.get(pod.node)
     if signal is None:
         return slot
+    then = ("joins first, then it leaves at a step boundary" if job.spec.in_process else
+            "is scheduled first, then it stops with a save at a step boundary (every worker "
+            "restarts from it)")
     r.events.append(EventSpec(
         "Normal", c.NODE_DISRUPTION_NOTICE,
         f"node {pod.node}: {signal}; worker {slot.index} (pod {pod.name}) moves: its "
-        "replacement starts on another node and joins first, then it leaves at a step "
-        "boundary (not counted)"))
+        f"replacement starts on another node and {then} (not counted)"))
     return slot.model_copy(update={"attempt": slot.attempt + 1, "moving_from": pod.name,
                                    "replace_after": None})
 
 
-def _advance(r: Round, slot: WorkerSlot, old: WorkerPod | None, new: WorkerPod | None,
-             joined: frozenset[str], notices: Mapping[str, str]) -> WorkerSlot:
+def _advance(r: Round, job: TrainingJob, slot: WorkerSlot, old: WorkerPod | None,
+             new: WorkerPod | None, ready: frozenset[str],
+             notices: Mapping[str, str]) -> WorkerSlot:
     if old is None or classify_pod_exit(old) not in (Exit.RUNNING, Exit.PENDING):
         return slot.model_copy(update={"moving_from": None})  # gone: cleaned up as stale
     if old.deleting:
         return slot  # asked to leave (or drained): the move ends when it is gone
-    if new is not None and new.name in joined:
+    if new is not None and new.name in ready:
         r.delete_pods.append(old.name)
+        now = ("joined the world" if job.spec.in_process else "is scheduled")
+        then = ("leaves at a step boundary" if job.spec.in_process
+                else "stops with a save at a step boundary")
         r.events.append(EventSpec(
             "Normal", c.NODE_DISRUPTION_NOTICE,
-            f"worker {slot.index}: pod {new.name} joined the world on node "
-            f"{new.node or '?'}; pod {old.name} on node {old.node} now leaves at a step "
-            "boundary"))
+            f"worker {slot.index}: pod {new.name} {now} on node {new.node or '?'}; pod "
+            f"{old.name} on node {old.node} now {then}"))
         return slot
     if old.node not in notices:
         # Withdrawn before the replacement joined: back to the old pod; the new one is stale

@@ -442,9 +442,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
                       store=None if terminal_already else store, store_hold=held)
     status = hung_condition(derive_status(job, counts, outcome, r.acct, now=now), job, hung,
                              training, now)
-    if job.spec.in_process:
-        status = notice_condition(status, r.acct.slots, observed, now=now,
-                                  generation=job.metadata.generation)
+    status = notice_condition(status, r.acct.slots, observed, now=now,
+                              generation=job.metadata.generation)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
         events.extend(_finish_warnings(observed))

@@ -121,3 +121,36 @@ def test_a_move_is_told_to_the_trainers_in_the_round_that_starts_it(cluster: Clu
     # One POST per worker (both answer at this one stand-in), in the round of the notice.
     assert members.told_moving == [doomed, doomed]
     assert members.told == [2, 2]
+
+
+def test_a_restart_mode_worker_moves_once_its_replacement_is_bound_and_nothing_is_counted(
+        cluster: Cluster, operator: Operator, nodes: tuple[str, str, str]) -> None:
+    """Restart mode, "a save, then the move": the old pod is deleted (its SIGTERM: every
+    worker saves the step and restarts) only once the replacement is bound to the other node."""
+    pool, a, b = nodes
+    old = ["demo-worker-0-0", "demo-worker-1-0"]
+    cluster.create_job(replicas=2, minReplicas=1, maxReplicas=2, template=pinned(pool))
+    wait_for("both workers on node a", lambda: all(node_of(cluster, p) == a for p in old),
+             timeout=60)
+    for pod in old:
+        cluster.run(pod)
+    wait_for("the job running", lambda: cluster.status().get("phase") == "Running")
+    # Karpenter's notice on a, b still cordoned: the replacements cannot be bound, so the old
+    # pods train on.
+    cluster.kube.patch(f"/api/v1/nodes/{a}", {"spec": {"taints": [
+        {"key": ONLY, "value": pool, "effect": "NoSchedule"},
+        {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
+    new = ["demo-worker-0-1", "demo-worker-1-1"]
+    wait_for("both replacements created", lambda: set(new) <= set(cluster.pods()), timeout=60)
+    assert cluster.condition("NodeDisruptionNotice")["status"] == "True"
+    assert set(old) <= set(cluster.pods()) and not any(node_of(cluster, p) for p in new)
+    cluster.kube.patch(f"/api/v1/nodes/{b}", {"spec": {"unschedulable": False}})
+    wait_for("the old pods gone", lambda: not set(old) & set(cluster.pods(live=False)),
+             timeout=60)
+    assert all(node_of(cluster, p) == b for p in new)
+    wait_for("the move over", lambda: cluster.condition("NodeDisruptionNotice")
+             .get("status") == "False", timeout=60)
+    status = cluster.status()
+    assert (status.get("restarts"), status.get("preemptions")) == (0, 0), status
+    messages = [e["message"] for e in cluster.events("NodeDisruptionNotice")]
+    assert any("stops with a save" in m for m in messages), messages
