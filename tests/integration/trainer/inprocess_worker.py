@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer.data import micro_batch_indices
+from elastrain_trainer.inprocess import user_groups
 from elastrain_trainer.inprocess.member import Member, MemberConfig
 from elastrain_trainer.inprocess.membership import PlanConfig
 from elastrain_trainer.inprocess.transfer import state_digest
@@ -100,6 +101,8 @@ def run_inprocess(a: argparse.Namespace) -> int:
         moving=(lambda: frozenset({a.node})) if a.moving else frozenset))
     member.install_signal()
     member.wait_alone()
+    if a.user_group:
+        user_groups.track(member.adopt_groups)
     net, opt = build()
     model = DDP(net)
     if a.join_gate:  # warm: imported and built; ask to join only when the test says so
@@ -109,10 +112,17 @@ def run_inprocess(a: argparse.Namespace) -> int:
     log("joined", gen=plan.gen, world=plan.world_size, rank=member.rank, step=step,
         healed_from=member.last.healed_from if member.last else None,
         digest=state_digest(model, opt))
+    # A group of the script's own, made in each generation (as a script's metrics group).
+    ugroup = dist.new_group() if a.user_group else None
     while step < a.steps:
         assert member.plan is not None
         failure: str | None = None
         try:
+            if ugroup is not None:
+                if step == a.stall_at:  # its peers wait for it in the group's all-reduce
+                    log("stalling", step=step)
+                    time.sleep(5)
+                dist.all_reduce(torch.ones(1), group=ugroup)
             loss = train_step(model, opt, step, member.plan.world_size, member.rank, a.steps)
             step += 1
             log("step", step=step, world=member.plan.world_size, gen=member.plan.gen,
@@ -142,6 +152,7 @@ def run_inprocess(a: argparse.Namespace) -> int:
                 return 0
         in_flight = step
         step, _ = member.settle(model, opt, step=step, extras={})
+        ugroup = dist.new_group() if a.user_group else None
         assert member.plan is not None and member.last is not None
         log("regroup", gen=member.plan.gen, world=member.plan.world_size, rank=member.rank,
             reason=member.plan.reason, step=step, in_flight=in_flight,
@@ -198,6 +209,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hold-key", default="test/join-go")
     p.add_argument("--join-gate", default="")
     p.add_argument("--moving", action="store_true")
+    p.add_argument("--user-group", action="store_true")
+    p.add_argument("--stall-at", type=int, default=-1)
     p.add_argument("--hold-budget", type=float, default=60.0)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)

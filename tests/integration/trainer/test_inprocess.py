@@ -222,6 +222,35 @@ def test_a_moving_worker_signalled_before_its_replacement_came_trains_on_until_i
     assert ev["d"][0]["healed_from"] in {"a", "b", "c"}
 
 
+def test_a_group_the_script_made_is_severed_with_its_generation(
+        nodes: Nodes, tmp_path: Path) -> None:
+    # Every step starts with an all-reduce on a group of the script's own (dist.new_group in
+    # each generation). c freezes (SIGSTOP: no beat, no socket closed) with a and b blocked in
+    # that all-reduce: they are released by the heartbeat's sever (inprocess.user_groups) and
+    # regroup in their own processes; without it the stuck-thread bound restarts them.
+    procs = {n: nodes.node(n, "--steps", "150", "--sleep", "0.05", "--user-group",
+                           *(["--stall-at", "5"] if n == "c" else [])) for n in "abc"}
+    # c stalls before that all-reduce at step 5 and freezes there: a and b wait in it.
+    wait_for(lambda: any(e["event"] == "stalling" for e in events(tmp_path, "c")),
+             "c stalling at step 5")
+    frozen = started_pid(procs["c"].pid)
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        wait_for(lambda: any(e["event"] == "regroup" and e["world"] == 2
+                             for e in events(tmp_path, "a")), "a regrouped at world 2", 60)
+    finally:
+        os.kill(frozen, signal.SIGKILL)
+    codes = nodes.wait_all()
+    assert (codes["a"], codes["b"]) == (0, 0), {n: nodes.log_of(n) for n in "ab"}
+    ev = {n: events(tmp_path, n) for n in "ab"}
+    for n in "ab":
+        assert pids(ev[n]) == {started_pid(procs[n].pid)}, n  # never restarted
+        regroups = [(e["world"], e["reason"]) for e in ev[n] if e["event"] == "regroup"]
+        assert regroups == [(2, "fail")], regroups
+        assert steps_of(ev[n])[-1] == 150
+    assert final_digest(ev["a"]) == final_digest(ev["b"])
+
+
 # ---------------------------------------------------------------- a joiner (section 6)
 def test_a_joiner_is_healed_from_a_live_peer_while_survivors_keep_training(
         nodes: Nodes, tmp_path: Path) -> None:

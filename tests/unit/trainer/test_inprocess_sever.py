@@ -3,6 +3,7 @@ sockets on loopback; gloo's own, in tests/integration/trainer/test_inprocess_dar
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 
@@ -98,3 +99,25 @@ def test_severing_shuts_down_only_the_pairs_and_the_other_end_reads_eof(
     # Severing again finds nothing left to cut; the descriptors stay open, gloo closes them.
     assert group.sever([Endpoint(*peer.getsockname())]) == 0
     assert accepted.fileno() >= 0 and out.fileno() >= 0
+
+
+def test_a_group_made_later_is_held_and_published_with_the_generations() -> None:
+    published: list[tuple[int, str, list[str]]] = []
+    held = sever.Held("a", lambda gen, node, text: published.append((gen, node,
+                                                                      json.loads(text))))
+    held.adopt(1, sever.socket_fds())  # before any generation: nothing to add to
+    assert held.groups is None and published == []
+    before = sever.socket_fds()
+    first = socket.create_server(("127.0.0.1", 0))  # a listener of the generation's groups
+    held.formed(1, ("a", "b"), before)
+    held.kept(2)
+    before = sever.socket_fds()
+    later = socket.create_server(("127.0.0.1", 0))  # the script's dist.new_group in gen 2
+    held.adopt(2, before)
+    ports = [s.getsockname()[1] for s in (first, later)]
+    first.close()
+    later.close()
+    assert [(g, n, [int(e.rsplit(":", 1)[1]) for e in text]) for g, n, text in published] == [
+        (1, "a", ports[:1]), (2, "a", ports[:1]), (2, "a", sorted(ports))]
+    assert held.groups is not None and held.groups.gens == {1, 2}
+    assert len(held.groups.sockets.created) == 2

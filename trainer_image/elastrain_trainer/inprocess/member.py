@@ -29,6 +29,7 @@ import gc
 import signal
 import time
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -63,7 +64,7 @@ from elastrain_trainer.inprocess.membership import (
     plan_stop,
     successor_order,
 )
-from elastrain_trainer.inprocess.sever import GroupSockets, HeldGroups
+from elastrain_trainer.inprocess.sever import Held
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.inprocess.stuck import StuckWatch, bound_for
 from elastrain_trainer.parallel import Groups
@@ -103,7 +104,7 @@ class Member(Admission):
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
         # The sockets of the groups in use and the generations they serve (kept plans reuse
         # them): what the heartbeat thread severs when one of those generations fails.
-        self._held: HeldGroups | None = None
+        self._held = Held(cfg.node_id, lambda *a: self.store.publish_listeners(*a))
         # What the checkpoint manager asks before a commit: is this node still in the world?
         self.stuck = StuckWatch(cfg.node_id, bound_for(cfg.heartbeat_timeout_s),
                                 lambda gen: (self.plan is not None and self.plan.gen == gen
@@ -146,7 +147,7 @@ class Member(Admission):
         assert rank is not None
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.cfg.on_role("member")
-        self._held = None
+        self._held.groups = None
         if plan.reason == "start":
             before = sever.socket_fds()
             self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
@@ -156,9 +157,7 @@ class Member(Admission):
             self._arrive(plan)
             before = sever.socket_fds()
             self._init_entered(plan, rank)
-        sockets = GroupSockets.since(before)
-        self.store.publish_listeners(plan.gen, self.node_id, sockets.published())
-        self._held = HeldGroups(frozenset([plan.gen]), sockets, plan.nodes)
+        self._held.formed(plan.gen, plan.nodes, before)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
@@ -170,9 +169,7 @@ class Member(Admission):
         Its sockets serve the new generation too, before the heartbeat watches it (a failure of
         it is severed), and its listeners are published under it (the old generations' keys
         are forgotten two generations on)."""
-        if self._held is not None:
-            self._held = self._held.serving(plan.gen)
-            self.store.publish_listeners(plan.gen, self.node_id, self._held.sockets.published())
+        self._held.kept(plan.gen)
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
@@ -293,9 +290,7 @@ class Member(Admission):
         return (agreed[0], *agreed[2:])
 
     def _founded_error(self) -> StoreFoundedError:
-        by = self.founded.node if self.founded is not None else "another node"
-        return StoreFoundedError(f"the job's store came back empty and {by} founded it "
-                                 "before this world reconnected")
+        return StoreFoundedError(self.founded.node if self.founded is not None else None)
 
     def _follow_store(self, needed: bool = False) -> None:
         """After the heartbeat thread reconnected to a lost store: this thread's client too.
@@ -424,13 +419,19 @@ class Member(Admission):
         self.store.report(failed.gen, self.node_id, step)
         self._plan_after_failure(failed)
 
+    def adopt_groups(self, before: Iterable[int]) -> None:
+        """The script made a group in this generation (`before`: socket_fds() before it did):
+        its sockets are severed with the generation's, its listeners published for the peers
+        (inprocess.user_groups)."""
+        if self.plan is not None:
+            self._held.adopt(self.plan.gen, before)
+
     # -- without notice --------------------------------------------------------------------
     def _sever(self, gen: int, store: MembershipStore) -> None:
         """The heartbeat thread's: generation `gen` failed. If this node's groups serve it, shut
         down their pairs (`inprocess.sever`): a collective blocked on a peer that went dark
         fails now, as on a killed peer, instead of at its timeout."""
-        held = self._held
-        severed = held.sever(gen, self.node_id, store.listeners) if held is not None else None
+        severed = self._held.sever(gen, store.listeners)
         if severed is not None:
             emit("severed", node=self.node_id, gen=gen, sockets=severed)
             self.stuck.severed(gen)  # the bound behind the sever (inprocess.stuck)

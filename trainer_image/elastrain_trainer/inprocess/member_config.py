@@ -25,6 +25,10 @@ class StoreFoundedError(Exception):
     not train side by side, so its pods end as on a lost store (replaced; resume from the
     newest checkpoint)."""
 
+    def __init__(self, by: str | None) -> None:
+        super().__init__(f"the job's store came back empty and {by or 'another node'} founded "
+                         "it before this world reconnected")
+
 
 class EntryFailedError(RuntimeError):
     """A node of the plan went silent before it entered the generation (or another node found

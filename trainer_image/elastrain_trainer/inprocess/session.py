@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import faults, metrics
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import fsdp, rewrap, transfer
+from elastrain_trainer.inprocess import fsdp, rewrap, transfer, user_groups
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
 from elastrain_trainer.inprocess.hold import hold_budget_s
@@ -121,6 +121,7 @@ class InProcessRuntime:
             desired=metrics.desired_replicas, on_role=metrics.record_role,
             moving=metrics.moving_pods, hold_budget_s=hold_budget_s())))
         self.member.wait_alone()
+        user_groups.track(self.member.adopt_groups)  # the script's groups are severed too
         self.peer_loss = PeerLoss()
 
     def set_batch(self, global_batch: int, micro_batch: int) -> None:

@@ -134,6 +134,11 @@ class GroupSockets:
                                  key=lambda e: (e.ip, e.port)))
         return cls(created, listeners)
 
+    def merged(self, more: GroupSockets) -> GroupSockets:
+        listeners = tuple(sorted(set(self.listeners) | set(more.listeners),
+                                 key=lambda e: (e.ip, e.port)))
+        return GroupSockets(self.created | more.created, listeners)
+
     def published(self) -> str:
         """What this node publishes for its peers: its listeners."""
         return json.dumps([e.text() for e in self.listeners])
@@ -158,6 +163,10 @@ class HeldGroups:
     def serving(self, gen: int) -> HeldGroups:
         return dataclasses.replace(self, gens=self.gens | {gen})
 
+    def adopting(self, more: GroupSockets) -> HeldGroups:
+        """With the sockets of a group the script made in these generations (user_groups)."""
+        return dataclasses.replace(self, sockets=self.sockets.merged(more))
+
     def sever(self, gen: int, node_id: str,
               listeners: Callable[[int, list[str]], Mapping[str, str]]) -> int | None:
         """Shut down these groups' pairs if they serve `gen` (how many; None: they do not).
@@ -174,6 +183,38 @@ class HeldGroups:
             published |= listeners(g, rest)
         return self.sockets.sever([e for text in published.values()
                                    for e in parse_published(text)])
+
+
+class Held:
+    """A member's HeldGroups as its generations come and go, and what it publishes of them:
+    the listeners each generation's peers read to cut their pairs with this node."""
+
+    def __init__(self, node_id: str, publish: Callable[[int, str, str], None]) -> None:
+        self.node_id, self.publish = node_id, publish  # publish(gen, node_id, listeners)
+        self.groups: HeldGroups | None = None
+
+    def formed(self, gen: int, nodes: tuple[str, ...], before: Iterable[int]) -> None:
+        """`gen`'s groups formed (`before`: socket_fds() before they did)."""
+        sockets = GroupSockets.since(before)
+        self.publish(gen, self.node_id, sockets.published())
+        self.groups = HeldGroups(frozenset([gen]), sockets, nodes)
+
+    def kept(self, gen: int) -> None:
+        """A kept plan: the groups serve `gen` too."""
+        if self.groups is not None:
+            self.groups = self.groups.serving(gen)
+            self.publish(gen, self.node_id, self.groups.sockets.published())
+
+    def adopt(self, gen: int, before: Iterable[int]) -> None:
+        """A group the script made in `gen` (user_groups): severed with the generation's."""
+        if self.groups is not None:
+            self.groups = held = self.groups.adopting(GroupSockets.since(before))
+            self.publish(gen, self.node_id, held.sockets.published())
+
+    def sever(self, gen: int,
+              listeners: Callable[[int, list[str]], Mapping[str, str]]) -> int | None:
+        held = self.groups  # the heartbeat thread's read: replaced whole, never changed
+        return held.sever(gen, self.node_id, listeners) if held is not None else None
 
 
 def parse_published(text: str) -> list[Endpoint]:
