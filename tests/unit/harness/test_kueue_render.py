@@ -35,7 +35,7 @@ def _webhook(name: str, path: str, group: str, resource: str) -> dict[str, Any]:
                        "resources": [resource]}]}
 
 
-UPSTREAM = [{"apiVersion": "admissionregistration.k8s.io/v1",
+UPSTREAM: list[dict[str, Any]] = [{"apiVersion": "admissionregistration.k8s.io/v1",
              "kind": "MutatingWebhookConfiguration",
              "metadata": {"name": "mutating-webhook-configuration"},
              "webhooks": [_webhook("mjob.kb.io", "/mutate-batch-v1-job", "batch", "jobs"),
