@@ -4,11 +4,16 @@ Kueue does not select are untouched. No kubelet: admission is what these tests l
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elastrain_operator.k8s.client import Kube, namespaced
+from elastrain_operator.k8s.client import Kube, KubeError, namespaced
 from hack import kueue as harness
 from tests.conftest import Kube as KubeFixture
 from tests.integration.kueue.fixtures import (
@@ -70,7 +75,11 @@ def test_a_workload_made_by_hand_is_admitted_and_reads_as_v1beta1(
     # make_queue names the flavor after its ClusterQueue.
     assert assignment["flavors"] == {"cpu": workload["status"]["admission"]["clusterQueue"]}
     assert assignment["resourceUsage"]["cpu"] == "2"
-    # v1beta1 is served too, through the conversion webhook the harness wired to the manager.
+    # v1beta1 is served too: the apiserver converts through the manager's webhook (strategy
+    # Webhook), and fails the read if it cannot reach it.
+    crd = kueue_queues.kube.get(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.kueue.x-k8s.io")
+    assert crd and crd["spec"]["conversion"]["strategy"] == "Webhook"
     old = kueue_queues.workload("by-hand", version="kueue.x-k8s.io/v1beta1")
     assert old is not None and old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
     assert old["spec"]["queueName"] == queue and is_true(old, "Admitted")
@@ -82,20 +91,43 @@ def _pod(name: str) -> dict[str, Any]:
             "spec": {"containers": [{"name": "main", "image": "elastrain/none:0"}]}}
 
 
-def test_pods_outside_kueue_namespaces_are_untouched(
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """SIGSTOPs `pid` and returns once every thread has stopped: a thread busy when the signal
+    came runs on for a moment (/proc showed the process running right after os.kill)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for("every thread stopped", lambda: all(
+            stat.read_text().rpartition(")")[2].split()[0] in ("T", "t")
+            for stat in Path(f"/proc/{pid}/task").glob("*/stat")), timeout=10)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_frozen_kueue_breaks_nothing_outside_its_namespaces(
         kueue: harness.Kueue, kube: KubeFixture, kube_namespace: str,
         kueue_namespace: str) -> None:
+    """Kueue's webhooks fail closed: only their namespaceSelector keeps a hung manager from
+    failing every pod and Job on the shared apiserver. (Kueue itself also ignores pods outside
+    managedJobsNamespaceSelector, so a live manager alone would not show it.)"""
     with kube.api_client() as api_client:
         api = Kube(api_client)
-        # Outside: even a pod that names a queue is created as it is, ungated.
-        plain = api.request("POST", namespaced("v1", kube_namespace, "pods"),
-                            body=_pod("plain"))
-        assert plain["spec"].get("schedulingGates") is None
-        assert QUEUE_LABEL in plain["metadata"]["labels"]
-        # Inside, the same pod is Kueue's: proof the webhook the outside one missed is live.
         managed = api.request("POST", namespaced("v1", kueue_namespace, "pods"),
                               body=_pod("managed"))
-        assert {"name": GATE} in managed["spec"].get("schedulingGates", [])
+        assert {"name": GATE} in managed["spec"].get("schedulingGates", []), \
+            "Kueue's pod webhook is not live in its own namespace"
+        with frozen(kueue.proc.pid):
+            plain = api.request("POST", namespaced("v1", kube_namespace, "pods"),
+                                body=_pod("plain"))
+            assert plain["spec"].get("schedulingGates") is None
+            job = api.request("POST", namespaced("batch/v1", kube_namespace, "jobs"),
+                              body=make_job("plain", queue="main", cpu="1"))
+            assert job["spec"]["suspend"] is False
+            # Inside, the same pod now fails closed after the webhook's 10 s timeout.
+            with pytest.raises(KubeError, match="failed calling webhook"):
+                api.request("POST", namespaced("v1", kueue_namespace, "pods"),
+                            body=_pod("refused"))
 
 
 def test_the_manager_costs_what_the_readme_says(kueue: harness.Kueue) -> None:
