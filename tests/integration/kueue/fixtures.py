@@ -10,6 +10,8 @@ tests/integration/conftest.py re-exports the fixtures, so any integration test c
 
 Only the job and pod webhooks' namespaces (`kueue_namespace`, labelled hack.kueue's
 NAMESPACE_LABEL) see Kueue; every other namespace on the apiserver is as if it were not there.
+`hack.kueue` imports as a namespace package: tests/conftest.py's loading of hack/cluster.py put
+the repository root on sys.path.
 """
 
 from __future__ import annotations
