@@ -47,7 +47,7 @@ lint: venv  ## ruff, mypy (strict) and import-linter contracts
 	$(BIN)/lint-imports
 
 .PHONY: build-deps
-build-deps:  ## build (or reuse from ~/.cache/elastrain) etcd, Kubernetes, MinIO and helm
+build-deps:  ## build (or reuse from ~/.cache/elastrain) etcd, Kubernetes, MinIO, helm and Kueue
 	bash hack/build-all.sh
 
 .PHONY: test-unit

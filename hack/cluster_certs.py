@@ -22,15 +22,16 @@ def _new_key(path: Path) -> None:
     path.chmod(0o600)
 
 
-def _sign(pki: Path, name: str, subject: str, extensions: str) -> None:
-    """Issues pki/<name>.crt (and its key) signed by pki/ca."""
-    key, csr, ext = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.ext"
+def _sign(pki: Path, name: str, subject: str, extensions: str, out: Path | None = None) -> None:
+    """Issues <out>/<name>.crt (and its key) signed by pki/ca; `out` defaults to pki."""
+    out = out or pki
+    key, csr, ext = out / f"{name}.key", out / f"{name}.csr", out / f"{name}.ext"
     _new_key(key)
     _openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr)
     ext.write_text(extensions)
     _openssl("x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
              "-set_serial", str(secrets.randbits(63)), "-days", "3650", "-sha256",
-             "-extfile", ext, "-out", pki / f"{name}.crt")
+             "-extfile", ext, "-out", out / f"{name}.crt")
     csr.unlink()
     ext.unlink()
 
@@ -88,3 +89,15 @@ def make_node_pki(pki: Path, *, node_name: str, node_ip: str) -> None:
     _sign(pki, "kube-proxy", "/CN=system:kube-proxy", client)
     _sign(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client",
           client)
+
+
+def issue_certificate(pki: Path, out: Path, name: str, subject: str, *,
+                      serving_ips: tuple[str, ...] = ()) -> None:
+    """One more certificate from the cluster's CA for a server the harness adds (Kueue): a serving
+    certificate for `serving_ips` (a webhook the apiserver calls by URL), or a client one."""
+    out.mkdir(parents=True, exist_ok=True)
+    usage = "serverAuth" if serving_ips else "clientAuth"
+    extensions = f"keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n"
+    if serving_ips:
+        extensions += "subjectAltName=" + ",".join(f"IP:{ip}" for ip in serving_ips) + "\n"
+    _sign(pki, name, subject, extensions, out)

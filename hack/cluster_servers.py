@@ -79,14 +79,15 @@ def _https_context(pki: Path, user: str | None) -> ssl.SSLContext:
 
 
 def kube_request(state: State, method: str, path: str, body: object = None,
-                 content_type: str = "application/json") -> tuple[int, dict[str, object]]:
+                 content_type: str = "application/json",
+                 timeout: float = 10) -> tuple[int, dict[str, object]]:
     """One request to the apiserver as the admin user; returns (status, decoded JSON body)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(state.server + path, data=data, method=method,
                                  headers={"Content-Type": content_type})
     ctx = _https_context(Path(state.dir) / "pki", "admin")
     try:
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")

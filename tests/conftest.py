@@ -191,13 +191,21 @@ def kube_namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
 
     On a cluster with a controller-manager it waits for the namespace's `default` ServiceAccount,
     since until then the ServiceAccount admission plugin refuses pods."""
+    with fresh_namespace(kube, request.node.name) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def fresh_namespace(kube: Kube, test_name: str,
+                    labels: dict[str, str] | None = None) -> Iterator[str]:
+    """kube_namespace's namespace, for fixtures that need one with more `labels`."""
     from kubernetes import client
 
-    name = _namespace_name(request.node.name)
+    name = _namespace_name(test_name)
     with kube.api_client() as api_client:
         core = client.CoreV1Api(api_client)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-            name=name, labels={"elastrain.dev/test": "true"})))
+            name=name, labels={"elastrain.dev/test": "true", **(labels or {})})))
         if _has_service_account_controller(core):
             _wait_for_default_service_account(core, name)
         try:

@@ -13,6 +13,11 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.ports import free_port as free_port
+from tests.integration.kueue.fixtures import (  # noqa: F401 (fixtures, started on demand)
+    kueue,
+    kueue_namespace,
+    kueue_queues,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "trainingjobs.elastrain.dev.yaml"
