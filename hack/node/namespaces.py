@@ -63,8 +63,15 @@ def create_namespaces() -> None:
     for directory in PRIVATE_DIRS:
         directory.mkdir(parents=True, exist_ok=True)
     MNT_NS.touch()
+    # The new namespace starts with a copy of every host mount, node 1's included (its pods'
+    # network namespaces, volumes, container root filesystems): copies that would pin them
+    # after node 1 removes them. They go first, lazily, deepest first.
+    node_1 = "^/run/(elastrain-node|netns|containerd)(/|$)"
+    forget = (f"awk '{{print $5}}' /proc/self/mountinfo | grep -E '{node_1}' | sort -r | "
+              "while read -r m; do umount -l \"$m\"; done")
     mounts = " && ".join(f"mount -t tmpfs -o mode=0755 elastrain-n2 {d}" for d in PRIVATE_DIRS)
-    _run_all([["unshare", f"--mount={MNT_NS}", "--propagation", "private", "sh", "-c", mounts]])
+    _run_all([["unshare", f"--mount={MNT_NS}", "--propagation", "private", "sh", "-c",
+               f"{forget}; {mounts}"]])
     NET_NS.touch()
     _run_all([["unshare", f"--net={NET_NS}", "true"]])
 

@@ -56,7 +56,6 @@ from hack.node.servers import (
 
 CONFIG_NAME = "node2"  # its config dir, record and logs in the cluster dir
 PKI_PREFIX = "kubelet-node2"
-STOP_ORDER = ("kube-router", "kube-proxy", "kubelet", "containerd")
 
 partition = namespaces.partition
 heal = namespaces.heal
@@ -147,8 +146,9 @@ def _credentials(state: State) -> dict[str, Path]:
 
 
 def _write_configs(state: State, paths: NodePaths, binaries: NodeBinaries, *,
-                   sandbox_image: str) -> dict[str, list[str]]:
-    """Config files and each process's argv (kept in the record for the restart knob)."""
+                   sandbox_image: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Config files; each process's argv (argv.json keeps them for the restart knob) and the
+    URL that says it is ready."""
     pki, cfg = Path(state.dir) / "pki", paths.config_dir
     credentials = _credentials(state)
     paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def _write_configs(state: State, paths: NodePaths, binaries: NodeBinaries, *,
         credentials["kube-proxy"], healthz_port=proxy_port, metrics_port=free_port(),
         node=SECOND))
     paths.kubelet_root.mkdir(parents=True, exist_ok=True)
-    return {
+    argvs = {
         "containerd": ["/usr/bin/containerd", "--config", str(cfg / "containerd.toml")],
         "kubelet": [str(binaries.kubelet), f"--config={cfg / 'kubelet.json'}",
                     f"--kubeconfig={credentials['kubelet']}", f"--hostname-override={NAME}",
@@ -181,10 +181,13 @@ def _write_configs(state: State, paths: NodePaths, binaries: NodeBinaries, *,
                         f"--hostname-override={NAME}",
                         f"--service-cluster-ip-range={SERVICE_CIDR}",
                         f"--health-port={router_port}", "--metrics-port=0", "--v=1"],
-    } | {"_health": [f"unix://{paths.containerd_socket}",
-                     f"http://{NODE_IP}:{kubelet_port}/healthz",
-                     f"http://{NODE_IP}:{proxy_port}/healthz",
-                     f"http://{NODE_IP}:{router_port}/healthz"]}
+    }
+    health = {"containerd": f"unix://{paths.containerd_socket}",
+              "kubelet": f"http://{NODE_IP}:{kubelet_port}/healthz",
+              "kube-proxy": f"http://{NODE_IP}:{proxy_port}/healthz",
+              "kube-router": f"http://{NODE_IP}:{router_port}/healthz"}
+    (cfg / "argv.json").write_text(json.dumps(argvs, indent=2) + "\n")
+    return argvs, health
 
 
 # ------------------------------------------------------------------------------------ up and down
@@ -200,6 +203,8 @@ def up_second(state: State, binaries: NodeBinaries, *, cache: Path,
         raise ClusterError("node 2 needs the pause image")
     if Record.load(state) is not None:
         down_second(state)  # a killed session's
+    elif RUN_DIR.exists():  # a node 2 whose record went with its cluster dir: node 1 is ours
+        namespaces.cleanup(created_dirs=[])
     record = Record(dir=state.dir, die_with_parent=die_with_parent,
                     created_dirs=[str(d) for d in PRIVATE_DIRS if not d.exists()])
     record.save()
@@ -208,10 +213,9 @@ def up_second(state: State, binaries: NodeBinaries, *, cache: Path,
         namespaces.create_network()
         namespaces.create_cgroup_root()
         paths = second_paths(state, cache)
-        argvs = _write_configs(state, paths, binaries, sandbox_image=images["pause"][0])
-        record.health = dict(zip(STOP_ORDER[::-1], argvs.pop("_health"), strict=True))
+        argvs, record.health = _write_configs(state, paths, binaries,
+                                              sandbox_image=images["pause"][0])
         record.save()
-        (Path(state.dir) / CONFIG_NAME / "argv.json").write_text(json.dumps(argvs, indent=2))
         _start(state, record, "containerd", argvs["containerd"])
         remove_stale_containers(paths)
         for ref, archive in images.values():

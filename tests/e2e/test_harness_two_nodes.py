@@ -87,9 +87,11 @@ def host_state() -> dict[str, Any]:
                 procs.append(cmdline.parent.name)
         except OSError:
             pass
+    links = (line.split(":")[1].strip().split("@")[0]
+             for line in out("ip", "-o", "link", "show").splitlines())
     return {
-        "links": sorted(line.split(":")[1].strip().split("@")[0]
-                        for line in out("ip", "-o", "link", "show").splitlines()),
+        # Node 1's pods' veths come and go; node 2's are in its own network namespace.
+        "links": sorted(name for name in links if not name.startswith("veth")),
         "routes": out("ip", "route", "show"),
         "rules": out("ip", "rule", "show"),
         "mangle": [line for tool in ("iptables-save", "ip6tables-save")
@@ -99,9 +101,11 @@ def host_state() -> dict[str, Any]:
         "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{n2.CGROUP_ROOT}")),
         "mounts": sorted(line.split()[4] for line in mounts
                          if "elastrain-node2" in line or "elastrain-n2" in line),
-        "netns": out("ip", "netns", "list"),
+        # Node 2's pods' namespaces are in its mount namespace only; node 1's (cni-*) come and go.
+        "netns": [n for n in out("ip", "netns", "list").split() if n.startswith("elastrain")],
         "run_dir": n2.RUN_DIR.exists(),
-        "private_dirs": [d.exists() for d in n2.PRIVATE_DIRS],
+        # Not /run/containerd: node 1's shims make it at its first pod (and its down removes it).
+        "private_dirs": [d.exists() for d in n2.PRIVATE_DIRS[1:]],
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text(),
         "procs": procs,
     }
