@@ -134,10 +134,10 @@ def _start(state: State, record: Record, name: str, argv: list[str], *,
 
 def _credentials(state: State) -> dict[str, Path]:
     """Node 2's kubelet certificates (system:node:<NAME>, its IP as SAN) beside node 1's in the
-    cluster's CA dir, and kubeconfigs; kube-proxy shares node 1's identity."""
+    cluster's CA dir, and kubeconfigs; kube-proxy shares node 1's identity. Made anew each time:
+    a cluster dir reused by a later `up` has a new CA, and old ones would be Unauthorized."""
     pki = Path(state.dir) / "pki"
-    if not (pki / f"{PKI_PREFIX}.crt").exists():
-        make_kubelet_pki(pki, node_name=NAME, node_ip=NODE_IP, prefix=PKI_PREFIX)
+    make_kubelet_pki(pki, node_name=NAME, node_ip=NODE_IP, prefix=PKI_PREFIX)
     out = {}
     for key, user in (("kubelet", PKI_PREFIX), ("kube-proxy", "kube-proxy")):
         out[key] = Path(state.dir) / CONFIG_NAME / f"{key}.kubeconfig"
