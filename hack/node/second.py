@@ -120,16 +120,20 @@ def _start(state: State, record: Record, name: str, argv: list[str], *,
     popen = _spawn(state, record, name, argv)
     proc = next(p for p in record.procs if p.name == name)
     url = record.health[name]
-    if url.startswith("unix://"):
-        paths = NodePaths(cluster_dir=Path(state.dir), containerd_root=Path("/"),
-                          run_dir=RUN_DIR)
-        ready = lambda: ctr(paths, "version", check=False, timeout=10).returncode == 0  # noqa: E731
-    else:
-        ready = lambda: healthz(url)  # noqa: E731
-    wait_until(f"node 2's {name}", ready, popen, proc.log, timeout=timeout)
+    wait_until(f"node 2's {name}", lambda: _answers(state, url), popen, proc.log,
+               timeout=timeout)
     if name == "kubelet":
         wait_until("node 2 Ready", lambda: node_ready(state, NAME), popen, proc.log,
                    timeout=90)
+
+
+def _answers(state: State, url: str) -> bool:
+    """containerd answers on its socket (unix://), the others on their healthz URL, which
+    listens on node 2's IP: its loopback is not the host's."""
+    if not url.startswith("unix://"):
+        return healthz(url)
+    paths = NodePaths(cluster_dir=Path(state.dir), containerd_root=Path("/"), run_dir=RUN_DIR)
+    return ctr(paths, "version", check=False, timeout=10).returncode == 0
 
 
 def _credentials(state: State) -> dict[str, Path]:
@@ -275,7 +279,7 @@ def down_second(state: State, *, cache: Path | None = None) -> None:
                       run_dir=RUN_DIR, config_name=CONFIG_NAME)
     kubelet_up = any(p.name == "kubelet" and p.alive() for p in record.procs)
     if heal_if_partitioned() and kubelet_up:
-        time.sleep(1)
+        time.sleep(1)  # the kubelet's watch reconnects before its pods are deleted
     if kubelet_up and state.server:
         _delete_pods(state)
         wait_for_no_tasks(paths)
