@@ -3,7 +3,7 @@
 kube-scheduler (tier a+), and MinIO with a bucket. Standard library only (certificates come from the
 openssl CLI), so it runs with any python3 >= 3.11, inside or outside the project's venv.
 
-    python3 hack/cluster.py up   [--tier a|a+|none] [--no-s3] [--dir DIR]   # prints `env`
+    python3 hack/cluster.py up   [--tier a|a+|none|node] [--nodes 2] [--no-s3] [--dir DIR]
     python3 hack/cluster.py env  [--dir DIR]    # shell exports: KUBECONFIG, ELASTRAIN_*
     python3 hack/cluster.py down [--dir DIR]
 
@@ -56,6 +56,7 @@ from hack.cluster_state import REGION as REGION  # noqa: E402
 from hack.cluster_state import SHM, ClusterError, State, stop  # noqa: E402
 from hack.node import host as node_host  # noqa: E402
 from hack.node.config import NODE_IP  # noqa: E402
+from hack.node.second import down_second, up_second  # noqa: E402
 from hack.node.servers import NodeBinaries, make_node_certificates  # noqa: E402
 from hack.node.tier import down_node, load_images, prepare_host, start_node  # noqa: E402
 
@@ -171,9 +172,7 @@ def _up(state: State, binaries: Binaries, *, s3: bool, die_with_parent: bool,
                 register_fake_node(state, name)
         wait_for_default_service_account(state)
     if state.tier == "node":
-        node_binaries = NodeBinaries(kubelet=binaries.kubelet, kube_proxy=binaries.kube_proxy,
-                                     coredns=binaries.coredns, kube_router=binaries.kube_router)
-        start_node(state, node_binaries, cache=cache_root(), images=images or {},
+        start_node(state, _node_binaries(binaries), cache=cache_root(), images=images or {},
                    die_with_parent=die_with_parent)
     if s3:
         start_minio(state, binaries, die_with_parent=die_with_parent, address=address)
@@ -190,6 +189,34 @@ def node_images(names: Sequence[str] = NODE_IMAGES) -> dict[str, tuple[str, Path
 def load_node_images(state: State, images: Images) -> None:
     """Imports images into the running node of `state` (a no-op for those it has)."""
     load_images(state, images, cache=cache_root())
+
+
+def up_second_node(directory: Path, *, images: Images | None = None,
+                   die_with_parent: bool = False) -> State:
+    """Adds node 2 (hack/node/second.py) to the running real-node cluster in `directory`, with
+    `images` (default: the pause and operator images) in its own containerd."""
+    state = State.load(directory.resolve())
+    if state is None or state.tier != "node" or not state.running():
+        raise ClusterError(f"no running real-node cluster in {directory}")
+    binaries = find_binaries()
+    with node_host.node_lock():
+        up_second(state, _node_binaries(binaries), cache=cache_root(),
+                  images=images if images is not None else node_images(("pause", "operator")),
+                  die_with_parent=die_with_parent)
+    return state
+
+
+def down_second_node(directory: Path) -> None:
+    """Removes node 2 and everything it added to the host; node 1 keeps running."""
+    state = State.load(directory.resolve())
+    if state is not None:
+        with node_host.node_lock():
+            down_second(state, cache=cache_root())
+
+
+def _node_binaries(binaries: Binaries) -> NodeBinaries:
+    return NodeBinaries(kubelet=binaries.kubelet, kube_proxy=binaries.kube_proxy,
+                        coredns=binaries.coredns, kube_router=binaries.kube_router)
 
 
 def down(directory: Path) -> None:
@@ -254,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="a: etcd+apiserver; a+: also controller-manager and scheduler "
                                   "and a fake node; node: a real kubelet node (root)")
             cmd.add_argument("--no-s3", dest="s3", action="store_false", help="skip MinIO")
+            cmd.add_argument("--nodes", type=int, choices=(1, 2), default=1,
+                             help="tier node: 2 adds a second real node in namespaces of its "
+                                  "own (hack/node/second.py)")
             cmd.add_argument("--build", action="store_true",
                              help="run hack/build-all.sh first for missing binaries")
     args = parser.parse_args(argv)
@@ -271,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         build(missing)
     try:
         state = up(args.dir, tier=args.tier, s3=args.s3)
+        if args.nodes == 2:
+            if args.tier != "node":
+                raise ClusterError("--nodes 2 needs --tier node")
+            up_second_node(args.dir)
     except ClusterError as err:
         print(f"cluster.py: {err}", file=sys.stderr)
         return 1

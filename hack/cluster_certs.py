@@ -81,11 +81,8 @@ def make_node_pki(pki: Path, *, node_name: str, node_ip: str) -> None:
     client cert as system:node:<name> (Node authorizer + NodeRestriction), kube-proxy's, and the
     apiserver's client cert for the kubelet API (system:masters passes the kubelet's webhook
     authorization)."""
-    server = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
-    _sign(pki, "kubelet-serving", f"/CN={node_name}",
-          server + f"subjectAltName=DNS:{node_name},IP:{node_ip}\n")
-    _sign(pki, "kubelet", f"/O=system:nodes/CN=system:node:{node_name}", client)
+    make_kubelet_pki(pki, node_name=node_name, node_ip=node_ip)
     _sign(pki, "kube-proxy", "/CN=system:kube-proxy", client)
     _sign(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client",
           client)
@@ -101,3 +98,13 @@ def issue_certificate(pki: Path, out: Path, name: str, subject: str, *,
     if serving_ips:
         extensions += "subjectAltName=" + ",".join(f"IP:{ip}" for ip in serving_ips) + "\n"
     _sign(pki, name, subject, extensions, out)
+
+
+def make_kubelet_pki(pki: Path, *, node_name: str, node_ip: str, prefix: str = "kubelet") -> None:
+    """One node's kubelet certificates: pki/<prefix>-serving (the node IP as SAN) and
+    pki/<prefix> (system:node:<name>); a second node passes a prefix of its own."""
+    server = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
+    _sign(pki, f"{prefix}-serving", f"/CN={node_name}",
+          server + f"subjectAltName=DNS:{node_name},IP:{node_ip}\n")
+    _sign(pki, prefix, f"/O=system:nodes/CN=system:node:{node_name}", client)

@@ -11,5 +11,12 @@ bridge. Recipe and pitfalls: shared/notes/real-node.md.
     servers  the node's processes (containerd, kubelet, kube-proxy, CoreDNS), images, readiness
     tier     `up_node` / `down_node`, called by hack/cluster.py for `--tier node`
 
+A second node, added on demand to a running one (`up --nodes 2`, tests' `second_node`), in
+network, mount and cgroup namespaces of its own:
+
+    second_config  its names, addresses and paths, and pure plans of the commands that wire it
+    namespaces     its namespaces, veth link, routes, firewall chain, cgroup root, partition
+    second         its processes, `up_second` / `down_second`, and the runtime stop/start knobs
+
 Standard library only, like the rest of hack/.
 """

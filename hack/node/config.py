@@ -25,6 +25,28 @@ LOCK_FILE = Path("/run/lock/elastrain-node.lock")
 OWNER_FILE = RUN_DIR / "owner.json"
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 FIREWALL_CHAIN = "ELASTRAIN-NODE"
+# Every node's pod CIDR lies in it: a pod routes it through its node, so pods reach pods (and
+# node addresses) on the other node. Without a second node the host has no route for the rest
+# of it, and the firewall chain drops what would leave by the default route.
+CLUSTER_POD_CIDR = "10.244.0.0/16"
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """One node's name and addresses. `probe_address` is where its health endpoints listen: a
+    node in its own network namespace cannot be probed on its loopback from the host."""
+
+    name: str
+    bridge: str
+    ip: str  # the bridge's address, its node IP
+    pod_cidr: str
+    range_start: str
+    probe_address: str = "127.0.0.1"
+    cgroup_root: str = ""  # the kubelet's cgroupRoot; "" keeps its default, /
+
+
+FIRST = NodeNet(name=NODE_NAME, bridge=BRIDGE, ip=NODE_IP, pod_cidr=POD_CIDR,
+                range_start=POD_RANGE_START)
 
 
 @dataclass(frozen=True)
@@ -34,22 +56,24 @@ class NodePaths:
 
     cluster_dir: Path
     containerd_root: Path
+    run_dir: Path = RUN_DIR
+    config_name: str = "node"  # the config dir's name in the cluster dir
 
     @property
     def config_dir(self) -> Path:
-        return self.cluster_dir / "node"
+        return self.cluster_dir / self.config_name
 
     @property
     def containerd_state(self) -> Path:
-        return RUN_DIR / "containerd"
+        return self.run_dir / "containerd"
 
     @property
     def containerd_socket(self) -> Path:
-        return RUN_DIR / "containerd.sock"
+        return self.run_dir / "containerd.sock"
 
     @property
     def kubelet_root(self) -> Path:
-        return RUN_DIR / "kubelet"
+        return self.run_dir / "kubelet"
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -57,7 +81,7 @@ class NodePaths:
 
     @property
     def cni_data_dir(self) -> Path:
-        return RUN_DIR / "cni-ipam"
+        return self.run_dir / "cni-ipam"
 
 
 def render_containerd_config(paths: NodePaths, *, sandbox_image: str) -> str:
@@ -89,23 +113,24 @@ state = "{paths.containerd_state}"
 """
 
 
-def render_cni_config(paths: NodePaths, *, service_cidr: str) -> str:
+def render_cni_config(paths: NodePaths, *, service_cidr: str, node: NodeNet = FIRST) -> str:
     """A bridge network that keeps pod traffic on this machine: no ipMasq and no default route in
-    pods, only a route to the Service range through the bridge (note, pitfall 6)."""
+    pods, only routes to the Service range and to every node's pods through the bridge (note,
+    pitfall 6)."""
     conf = {
         "cniVersion": "1.0.0",
         "name": "elastrain",
         "plugins": [
             {
-                "type": "bridge", "bridge": BRIDGE, "isGateway": True, "isDefaultGateway": False,
-                "ipMasq": False,
+                "type": "bridge", "bridge": node.bridge, "isGateway": True,
+                "isDefaultGateway": False, "ipMasq": False,
                 # A pod reaching itself through a Service needs the frame sent back out its port.
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local", "dataDir": str(paths.cni_data_dir),
-                    "ranges": [[{"subnet": POD_CIDR, "rangeStart": POD_RANGE_START,
-                                 "gateway": NODE_IP}]],
-                    "routes": [{"dst": service_cidr}],
+                    "ranges": [[{"subnet": node.pod_cidr, "rangeStart": node.range_start,
+                                 "gateway": node.ip}]],
+                    "routes": [{"dst": service_cidr}, {"dst": CLUSTER_POD_CIDR}],
                 },
             },
             {"type": "loopback"},
@@ -124,15 +149,17 @@ class KubeletFiles:
     resolv_conf: Path
 
 
-def render_kubelet_config(files: KubeletFiles, *, healthz_port: int) -> str:
-    """KubeletConfiguration (JSON is YAML) with the settings that worked here (note, pitfall 12)."""
-    config = {
+def render_kubelet_config(files: KubeletFiles, *, healthz_port: int,
+                          node: NodeNet = FIRST) -> str:
+    """KubeletConfiguration (JSON is YAML) with the settings that worked here (note, pitfall 12).
+    Cluster DNS is node 1's CoreDNS on every node."""
+    config: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": NODE_IP,
+        "address": node.ip,
         "port": KUBELET_PORT,
         "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
+        "healthzBindAddress": node.probe_address,
         "healthzPort": healthz_port,
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                            "x509": {"clientCAFile": str(files.ca)}},
@@ -159,23 +186,27 @@ def render_kubelet_config(files: KubeletFiles, *, healthz_port: int) -> str:
         "registerNode": True,
         "maxPods": 110,
     }
+    if node.cgroup_root:
+        # Its own cgroup tree: /kubepods is node 1's in every hierarchy (pitfall 11).
+        config["cgroupRoot"] = node.cgroup_root
     return json.dumps(config, indent=2) + "\n"
 
 
-def render_kube_proxy_config(kubeconfig: Path, *, healthz_port: int, metrics_port: int) -> str:
+def render_kube_proxy_config(kubeconfig: Path, *, healthz_port: int, metrics_port: int,
+                             node: NodeNet = FIRST) -> str:
     """iptables mode, NodePorts only on the bridge address, and conntrack left alone: setting its
     sysctls would change the host for everyone (note, pitfall 8)."""
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": NODE_NAME,
+        "hostnameOverride": node.name,
         "mode": "iptables",
-        "clusterCIDR": POD_CIDR,
-        "bindAddress": NODE_IP,
-        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
-        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
-        "nodePortAddresses": [f"{NODE_IP}/32"],
+        "clusterCIDR": node.pod_cidr,
+        "bindAddress": node.ip,
+        "healthzBindAddress": f"{node.probe_address}:{healthz_port}",
+        "metricsBindAddress": f"{node.probe_address}:{metrics_port}",
+        "nodePortAddresses": [f"{node.ip}/32"],
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
                       "tcpCloseWaitTimeout": "0s"},
         "iptables": {"syncPeriod": "30s", "minSyncPeriod": "0s"},

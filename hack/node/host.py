@@ -186,7 +186,9 @@ def remove_service_rule() -> None:
 
 
 def _ours(chain: str) -> bool:
-    return chain.startswith("KUBE-") or chain == FIREWALL_CHAIN
+    """KUBE-* and ours: FIREWALL_CHAIN, and node 2's (hack/node/second_config.py), should its own
+    teardown have failed."""
+    return chain.startswith(("KUBE-", "ELASTRAIN-")) or chain == FIREWALL_CHAIN
 
 
 def remove_iptables_chains() -> None:

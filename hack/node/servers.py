@@ -175,10 +175,10 @@ def start_kubelet(state: State, paths: NodePaths, binaries: NodeBinaries, kubeco
     wait_until("node Ready", lambda: node_ready(state), popen, log, timeout=90)
 
 
-def node_ready(state: State) -> bool:
+def node_ready(state: State, name: str = NODE_NAME) -> bool:
     """Ready, and without the not-ready taint every new Node starts with (the node-lifecycle
     controller lifts it once the kubelet reports Ready; pitfall 3)."""
-    status, node = kube_request(state, "GET", f"/api/v1/nodes/{NODE_NAME}")
+    status, node = kube_request(state, "GET", f"/api/v1/nodes/{name}")
     if status != 200:
         return False
     doc: dict[str, Any] = node

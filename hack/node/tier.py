@@ -3,7 +3,8 @@
 Order up: lock -> packages -> bridge (everything pods reach binds its address) -> control plane
 on the bridge address -> containerd -> images -> kubelet (Ready, untainted) -> kube-proxy ->
 CoreDNS -> kube-router (NetworkPolicy) -> MinIO. Down, the reverse, with pods deleted while the
-kubelet still runs, then the host cleaned (hack/node/host.py says what that restores).
+kubelet still runs, then the host cleaned (hack/node/host.py says what that restores); a second
+node (hack/node/second.py), when one was added, goes first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from hack.cluster_state import ClusterError, State
 from hack.node import host
 from hack.node.config import NODE_IP, NodePaths
+from hack.node.second import down_second
 from hack.node.servers import (
     NodeBinaries,
     delete_all_pods,
@@ -107,6 +109,8 @@ def down_node(state: State, *, stop_control_plane: Callable[[], None] | None = N
     if not state.node:
         return
     cache = Path(os.environ.get("ELASTRAIN_CACHE", Path.home() / ".cache" / "elastrain"))
+    # Node 2 (hack/node/second.py) first: it needs node 1's apiserver to delete its pods.
+    down_second(state, cache=cache)
     paths = node_paths(state, cache)
     kubelet_up = any(p.name == "kubelet" and p.alive() for p in state.procs)
     if kubelet_up and state.server:

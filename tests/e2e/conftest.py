@@ -57,6 +57,73 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @dataclass(frozen=True)
+class SecondNode:
+    """Node 2 added to a running cluster (hack/node/second.py), and its fault knobs."""
+
+    cluster: NodeCluster
+    name: str
+    ip: str
+    ready_seconds: float  # from the call to node 2 Ready (images in its store included)
+
+    def _state(self) -> Any:
+        state = cluster.State.load(self.cluster.dir.resolve())
+        assert state is not None, self.cluster.dir
+        return state
+
+    def partition(self) -> None:
+        """Every packet to and from node 2 dropped on the host's end of its link (tc)."""
+        from hack.node import second
+
+        second.partition()
+
+    def heal(self) -> None:
+        from hack.node import second
+
+        second.heal()
+
+    def stop_runtime(self) -> None:
+        """Node 2's kubelet and containerd stopped; its containers keep running."""
+        from hack.node import second
+
+        second.stop_runtime(self._state())
+
+    def start_runtime(self) -> None:
+        """Both started again; returns once node 2 is Ready."""
+        from hack.node import second
+
+        second.start_runtime(self._state())
+
+    def down(self) -> None:
+        cluster.down_second_node(self.cluster.dir)
+
+
+@contextlib.contextmanager
+def added_second_node(node: NodeCluster, images: tuple[str, ...] = ("pause", "operator"),
+                      ) -> Iterator[SecondNode]:
+    """Node 2 joined to the running `node` cluster, removed afterwards (host cleaned). Only the
+    `images` named are imported into its own containerd (the trainer's is ~5 GB)."""
+    from hack.node import second_config
+
+    started = time.monotonic()
+    archives: dict[str, tuple[str, Path]] = cluster.node_images(images)
+    cluster.up_second_node(node.dir, images=archives, die_with_parent=True)
+    ready = time.monotonic() - started
+    print(f"\nnode 2 ready in {ready:.0f} s", file=sys.stderr)
+    try:
+        yield SecondNode(node, second_config.NAME, second_config.NODE_IP, ready)
+    finally:
+        cluster.down_second_node(node.dir)
+
+
+@pytest.fixture(scope="module")
+def second_node(node: NodeCluster) -> Iterator[SecondNode]:
+    """Opt-in: a second real node for the module's tests, in namespaces of its own (network,
+    mount, cgroup root; tests/README.md), on the session's cluster; removed after the module."""
+    with added_second_node(node) as added:
+        yield added
+
+
+@dataclass(frozen=True)
 class NodeCluster:
     """The running real-node cluster: kubectl for it, MinIO on the bridge, the image refs."""
 

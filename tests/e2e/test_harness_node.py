@@ -20,7 +20,8 @@ from tests.e2e.support import Kubectl, restricted_pod, wait_for
 
 
 def host_state() -> dict[str, Any]:
-    from hack.node import host
+    """What a node (and node 2, hack/node/second.py) changes on the host, read from the host."""
+    from hack.node import host, second_config
 
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
                            check=True).stdout
@@ -30,11 +31,18 @@ def host_state() -> dict[str, Any]:
         "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
         "ip_forward": host.read_ip_forward(),
         "kubepods": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")),
+        # "elastrain-node" also matches node 2's run dir, where its namespace files are mounted.
         "mounts": sorted(line.split()[4] for line in mounts.splitlines()
                          if "elastrain-node" in line or "/run/netns/cni-" in line),
         "netns": sorted(p.name for p in Path("/run/netns").glob("cni-*"))
         if Path("/run/netns").is_dir() else [],
         "run_dir": Path("/run/elastrain-node").exists(),
+        "node2_cgroups": sorted(str(p) for p in
+                                Path("/sys/fs/cgroup").glob(f"*/{second_config.CGROUP_ROOT}")),
+        "node2_run_dir": second_config.RUN_DIR.exists(),
+        "node2_private_dirs": [d.exists() for d in second_config.PRIVATE_DIRS],
+        "routes": subprocess.run(["ip", "route", "show"], capture_output=True, text=True,
+                                 check=True).stdout,
     }
 
 
@@ -87,6 +95,10 @@ def test_node_runs_pods_keeps_traffic_inside_and_down_restores_the_host(
         assert "unreachable" in probe["outside"].lower(), probe  # no default route out
         default_routes = [r for r in probe["routes"] if r.split("\t")[1:2] == ["00000000"]]
         assert default_routes == [], probe["routes"]
+        # A node 2 added (tests/e2e/test_harness_two_nodes.py tests it) goes with node 1's
+        # `down`, which leaves the host as before all the same.
+        cluster.up_second_node(tmp_path / "node", images=images, die_with_parent=True)
+        assert "elastrain-n2" in host_state()["links"]
     finally:
         cluster.down(tmp_path / "node")
     assert host_state() == before

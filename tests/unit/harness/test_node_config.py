@@ -48,8 +48,9 @@ def test_cni_keeps_pod_traffic_on_the_bridge(config: ModuleType, paths: object) 
     assert bridge["bridge"] == config.BRIDGE
     assert bridge["ipMasq"] is False
     assert bridge["isDefaultGateway"] is False
-    # Only the Service range is routed: no default route leaves the machine.
-    assert bridge["ipam"]["routes"] == [{"dst": "10.96.0.0/24"}]
+    # Only the Service range and the cluster's pod range (a second node's pods) are routed: no
+    # default route leaves the machine.
+    assert bridge["ipam"]["routes"] == [{"dst": "10.96.0.0/24"}, {"dst": "10.244.0.0/16"}]
     assert bridge["ipam"]["ranges"][0][0]["gateway"] == config.NODE_IP
 
 
