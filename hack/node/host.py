@@ -299,11 +299,16 @@ def remove_kubepods_cgroups() -> None:
         top = hierarchy / "kubepods"
         if not top.is_dir():
             continue
-        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                      reverse=True)
-        for path in [*dirs, top]:
-            with suppress(OSError):
-                path.rmdir()
+        remove_cgroup_tree(top)
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """rmdir a cgroup and its children, leaves first (a cgroup goes only once it is empty)."""
+    dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                  reverse=True)
+    for path in [*dirs, top]:
+        with suppress(OSError):
+            path.rmdir()
 
 
 def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hack.cluster_state import ClusterError
 from hack.node.host import CGROUP_ROOT as CGROUPS
-from hack.node.host import run, unmount_under
+from hack.node.host import remove_cgroup_tree, run, unmount_under
 from hack.node.second_config import (
     CGROUP_ROOT,
     HOST_VETH,
@@ -118,13 +118,8 @@ def create_cgroup_root() -> None:
 
 def remove_cgroup_root() -> None:
     for top in cgroup_dirs():
-        if not top.is_dir():
-            continue
-        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                      reverse=True)
-        for path in [*dirs, top]:
-            with suppress(OSError):
-                path.rmdir()
+        if top.is_dir():
+            remove_cgroup_tree(top)
 
 
 # ------------------------------------------------------------------------------------- processes
