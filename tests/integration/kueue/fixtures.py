@@ -19,21 +19,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pytest
 
-from elastrain_operator.k8s.client import Kube, KubeError, namespaced
+from elastrain_operator.k8s.client import Kube, namespaced
 from hack import kueue as harness
 from hack.cluster_state import ClusterError
 from tests.conftest import Kube as KubeFixture
 from tests.conftest import cluster, fresh_namespace
+from tests.integration.waiting import wait_for as wait_for
 
 Manifest = dict[str, Any]
-T = TypeVar("T")
 KUEUE = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COHORT = "elastrain-tests"
@@ -111,22 +110,6 @@ def admitted(workload: Manifest | None) -> Manifest | None:
 def tried(workload: Manifest | None) -> Manifest | None:
     """The Workload once Kueue's scheduler has tried it (QuotaReserved set either way)."""
     return workload if condition(workload, "QuotaReserved") else None
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll until probe returns something truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except KubeError as err:
-            last = err
-        else:
-            if last:
-                return cast(T, last)
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 # ------------------------------------------------------------------------------------ fixtures

@@ -39,14 +39,15 @@ def test_a_job_is_suspended_then_admitted_and_one_past_the_quota_waits(
     first = kueue_queues.create_job(make_job("first", queue=queue, cpu="1"))
     assert first["spec"]["suspend"] is True, "Kueue's Job webhook did not suspend the job"
     workload = wait_for("the first job's Workload admitted",
-                        lambda: admitted(kueue_queues.workload_of_job("first")))
+                        lambda: admitted(kueue_queues.workload_of_job("first")), timeout=60)
     assert workload["spec"]["queueName"] == queue
     wait_for("the first job unsuspended by Kueue",
-             lambda: (kueue_queues.job("first") or {}).get("spec", {}).get("suspend") is False)
+             lambda: (kueue_queues.job("first") or {}).get("spec", {}).get("suspend") is False,
+             timeout=60)
 
     kueue_queues.create_job(make_job("second", queue=queue, cpu="2"))
     pending = wait_for("the second job's Workload tried and left without quota",
-                       lambda: tried(kueue_queues.workload_of_job("second")))
+                       lambda: tried(kueue_queues.workload_of_job("second")), timeout=60)
     reserved = condition(pending, "QuotaReserved")
     assert reserved and reserved["status"] == "False", reserved
     assert not is_true(pending, "Admitted")
@@ -69,7 +70,7 @@ def test_a_workload_made_by_hand_is_admitted_and_reads_as_v1beta1(
     kueue_queues.create_workload(manifest)
 
     workload = wait_for("the Workload admitted",
-                        lambda: admitted(kueue_queues.workload("by-hand")))
+                        lambda: admitted(kueue_queues.workload("by-hand")), timeout=60)
     assignment = workload["status"]["admission"]["podSetAssignments"][0]
     assert assignment["name"] == "main" and assignment["count"] == 2
     # make_queue names the flavor after its ClusterQueue.

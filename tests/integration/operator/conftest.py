@@ -13,39 +13,21 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import pytest
 
-from elastrain_operator.k8s.client import Kube, KubeError, namespaced
+from elastrain_operator.k8s.client import Kube, namespaced
 from elastrain_operator.model.names import LABEL_JOB, LABEL_ROLE
 from tests.integration.conftest import kubectl, wait_established
+from tests.integration.waiting import wait_for as wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 PEERING_CRDS = ROOT / "crds" / "kopf-peering.yaml"
 GROUP_VERSION = "elastrain.dev/v1alpha1"
-T = TypeVar("T")
 Manifest = dict[str, Any]
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0,
-             interval: float = 0.2) -> T:
-    """Poll until probe returns something truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except KubeError as err:
-            last = err
-        else:
-            if last:
-                return cast(T, last)
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 class Cluster:
