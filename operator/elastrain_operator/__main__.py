@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         notice_taints, notices_off = None, why
     if notice_taints is not None:
         handlers.watch_nodes()
+    kueue = _kueue_served()
+    if kueue:
+        handlers.watch_kueue()
 
     clusterwide = args.all_namespaces or not args.namespace
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
@@ -75,7 +78,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         standalone=args.standalone, peering_name=args.peering, priority=priority,
         clusterwide=clusterwide, namespaces=list(args.namespace),
         metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime,
-        network=network, notice_taints=notice_taints, notices_off=notices_off)
+        network=network, notice_taints=notice_taints, notices_off=notices_off,
+        kueue_served=kueue)
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)
@@ -91,6 +95,26 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         memo=kopf.Memo(options=options, state=OperatorState()),
     )
     return 0
+
+
+def _kueue_served() -> bool:
+    """Whether the cluster serves Kueue's v1beta2 API: its Workloads are then watched, and jobs
+    that name a queue wait for admission (k8s.kueue). Kueue installed later needs a restart."""
+    from elastrain_operator.k8s.client import Kube, load_api_client
+    from elastrain_operator.k8s.kueue import kueue_served
+    try:
+        api = load_api_client()
+    except Exception as err:  # no credentials yet: kopf's login says so
+        logging.getLogger("elastrain_operator").debug("Kueue probe skipped: %s", err)
+        return False
+    try:
+        served = kueue_served(Kube(api))
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    logging.getLogger("elastrain_operator").info(
+        "Kueue's %s API %s", "kueue.x-k8s.io/v1beta2", "served: jobs that name a queue wait "
+        "for its admission" if served else "not served: a job that names a queue waits")
+    return served
 
 
 def _nodes_unreadable() -> str | None:

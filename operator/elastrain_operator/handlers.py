@@ -8,6 +8,9 @@ runs reconcile_if_needed() for the noted jobs on threads of its own:
   deleted job's pods are released this way too);
 - every watch event of a Node (when notices are on: watch_nodes) updates what the nodes say
   of their going (k8s.nodes); a change queues the jobs with a worker on that node;
+- every watch event of a Kueue Workload, LocalQueue or ResourceFlavor (where Kueue is served:
+  watch_kueue) updates what the operator knows of Kueue (k8s.kueue); a Workload's change
+  queues the job that owns it;
 - a ticker (one kopf daemon per live job, tickers.py) queues the job as routine every
   ELASTRAIN_TIMER_INTERVAL_SECONDS (and asks for the trainers' progress every
   ELASTRAIN_PROGRESS_INTERVAL_SECONDS): time-driven steps (backoff,
@@ -122,6 +125,42 @@ async def on_node_event(*, type: str | None, body: kopf.Body, name: str, memo: A
 def watch_nodes() -> None:
     """Registered only when notices are on and the operator may read nodes (k8s.nodes)."""
     kopf.on.event("", "v1", "nodes")(on_node_event)
+
+
+async def on_workload_event(*, type: str | None, body: kopf.Body, memo: Any,
+                            **_: Any) -> None:
+    """A Kueue Workload changed: the TrainingJob that owns it plans again (its admission,
+    an eviction, or its deletion's finalizer)."""
+    state = _state(memo)
+    assert state.queue and state.kueue
+    obj = dict(body)
+    key = state.kueue.remove_workload(obj) if type == "DELETED" else state.kueue.put_workload(obj)
+    if key is not None:
+        state.cache.stale(key)
+        state.queue.add(key, urgent=True)
+
+
+async def on_local_queue_event(*, type: str | None, body: kopf.Body, memo: Any,
+                               **_: Any) -> None:
+    """Which namespaces have a LocalQueue named `default` (new jobs there are queued in it)."""
+    state = _state(memo)
+    assert state.kueue
+    state.kueue.put_local_queue(dict(body), deleted=type == "DELETED")
+
+
+async def on_resource_flavor_event(*, type: str | None, body: kopf.Body, memo: Any,
+                                   **_: Any) -> None:
+    state = _state(memo)
+    assert state.kueue
+    state.kueue.put_flavor(dict(body), deleted=type == "DELETED")
+
+
+def watch_kueue() -> None:
+    """Registered only where the apiserver serves Kueue's v1beta2 API (k8s.kueue)."""
+    group, version = "kueue.x-k8s.io", "v1beta2"
+    kopf.on.event(group, version, "workloads")(on_workload_event)
+    kopf.on.event(group, version, "localqueues")(on_local_queue_event)
+    kopf.on.event(group, version, "resourceflavors")(on_resource_flavor_event)
 
 
 # What pyproject.toml pins kopf to: the versions the tests ran.

@@ -99,9 +99,16 @@ def poll_progress(workers: Sequence[WorkerPod], port: int, replicas: int | None 
     return tuple(r for r in reports if r is not None)
 
 
-def told_replicas(spec: TrainingJobSpec) -> int | None:
-    """What a poll of this job tells its trainers: the desired workers, in-process only."""
-    return spec.desired_workers if spec.in_process else None
+def told_replicas(spec: TrainingJobSpec,
+                  status: TrainingJobStatus | None = None) -> int | None:
+    """What a poll of this job tells its trainers: the desired workers, in-process only; no
+    more than Kueue admitted (status.queue, policy.kueue)."""
+    if not spec.in_process:
+        return None
+    queue = status.queue if status is not None else None
+    if queue is not None and queue.state == "Admitted" and queue.admitted_workers:
+        return max(min(spec.desired_workers, queue.admitted_workers), 1)
+    return spec.desired_workers
 
 
 def told_moving(status: TrainingJobStatus) -> tuple[str, ...]:

@@ -38,6 +38,12 @@ from elastrain_operator.k8s.apply import (
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, Manifest
 from elastrain_operator.k8s.events import post_events
+from elastrain_operator.k8s.kueue import (
+    KueueState,
+    create_workload,
+    patch_workload_status,
+    release_workload,
+)
 from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.k8s.observe import observe, orphaned_pods, read_job
 from elastrain_operator.model import conditions as c
@@ -73,6 +79,7 @@ class Options:
     control_key: bytes | None = None  # the operator's (control.py); None: no control channel
     notices: NodeNotices | None = None  # what nodes say of their going; None: not read
     notices_off: str = ""  # why not, when the operator was asked to read them
+    kueue: KueueState | None = None  # the jobs' Workloads (k8s.kueue); None: Kueue not read
 
 
 def control_token(options: Options, job: TrainingJob) -> str | None:
@@ -93,10 +100,20 @@ def with_notices(observed: Observed, options: Options) -> Observed:
                    lost_nodes=options.notices.lost_of(nodes))
 
 
+def with_kueue(observed: Observed, job: TrainingJob, options: Options,
+               kube: Kube | None) -> Observed:
+    """The job's Kueue Workload and queue (policy.kueue), when Kueue queues it. `kube` None:
+    from the watches alone."""
+    if options.kueue is None:
+        return observed
+    return replace(observed, kueue=options.kueue.view(kube, job))
+
+
 def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
     """Whether applying the plan would change anything in the cluster."""
     return bool(p.status != job.status or p.create or p.delete_pods or p.force_delete_pods
-                or p.release_pods or p.delete_job or p.events or orphans)
+                or p.release_pods or p.delete_job or p.events or orphans
+                or p.create_workload or p.workload.status or p.workload.unfinalize)
 
 
 def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
@@ -115,11 +132,11 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
     children = cache.children(key, cached.job.metadata.uid)
     if children is None:
         return True, options
-    observed = with_notices(children.observed, options)
+    observed = with_kueue(with_notices(children.observed, options), cached.job, options, None)
     if options.poll_progress:
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
-            observed.workers, spec.metrics_port, told_replicas(spec),
+            observed.workers, spec.metrics_port, told_replicas(spec, cached.job.status),
             token=control_token(options, cached.job), moving=told_moving(cached.job.status)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
@@ -173,6 +190,8 @@ def _reconcile(kube: Kube, namespace: str, name: str, options: Options) -> str:
         if raw is None:
             for pod in orphaned_pods(kube, namespace, name, options.cache):
                 release_pod(kube, namespace, pod)
+            for workload in options.kueue.orphans((namespace, name)) if options.kueue else ():
+                release_workload(kube, workload)
             return "success"
         now = options.clock()
         try:
@@ -192,13 +211,13 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
            now: datetime, polled: list[tuple[ProgressReport, ...]]) -> None:
     ns = job.metadata.namespace
     children = observe(kube, job, options.cache, network_policy=options.network is not None)
-    observed = with_notices(children.observed, options)
+    observed = with_kueue(with_notices(children.observed, options), job, options, kube)
     if options.progress is not None:
         observed = replace(observed, progress=options.progress)
     elif options.poll_progress:
         if not polled:
             polled.append(poll_progress(observed.workers, job.spec.metrics_port,
-                                        told_replicas(job.spec),
+                                        told_replicas(job.spec, job.status),
                                         token=control_token(options, job),
                                         moving=told_moving(job.status)))
         observed = replace(observed, progress=polled[0])
@@ -208,6 +227,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         if options.cache is not None and written:
             options.cache.put_job(written, written=True)  # the next check plans from it
         _tell_new_moves(job, p.status, observed, control_token(options, job))
+    _apply_workload(kube, p, observed)
     since = options.cache.begin() if options.cache is not None else None
     secret_errors = _ensure_control_secret(kube, job, p.create, control_token(options, job))
     applied = apply_children(kube, ns, delete=p.delete_pods, force_delete=p.force_delete_pods,
@@ -243,8 +263,20 @@ def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Obser
     trains on until a node can take its place, inprocess.hold)."""
     moving = told_moving(status)
     if token is not None and set(moving) - set(told_moving(job.status)):
-        poll_progress(observed.workers, job.spec.metrics_port, told_replicas(job.spec),
+        poll_progress(observed.workers, job.spec.metrics_port,
+                      told_replicas(job.spec, status),
                       token=token, moving=moving)
+
+
+def _apply_workload(kube: Kube, p: Plan, observed: Observed) -> None:
+    """The round's Workload changes (policy.kueue), after the status that records them."""
+    workload = observed.kueue.workload if observed.kueue is not None else None
+    if p.create_workload is not None:
+        create_workload(kube, p.create_workload)
+    if workload is not None and p.workload.status is not None:
+        patch_workload_status(kube, workload, p.workload.status)
+    if workload is not None and p.workload.unfinalize:
+        release_workload(kube, workload)
 
 
 def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:

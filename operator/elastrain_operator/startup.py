@@ -24,6 +24,7 @@ from elastrain_operator import metrics
 from elastrain_operator.control import load_key
 from elastrain_operator.k8s.cache import Cache, Key
 from elastrain_operator.k8s.client import Kube, KubeError, load_api_client
+from elastrain_operator.k8s.kueue import KueueState
 from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.network_settings import NetworkPolicySettings
 from elastrain_operator.reconcile import Options, reconcile_if_needed
@@ -59,6 +60,7 @@ class RuntimeOptions:
     network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
     notice_taints: tuple[str, ...] | None = None  # k8s.nodes; None: notices off
     notices_off: str = ""  # why they are off though asked for (no right to read nodes)
+    kueue_served: bool = False  # the apiserver serves Kueue's v1beta2 API (k8s.kueue)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class OperatorState:
     control_key: bytes | None = None  # control.py; loaded at startup
     notices: NodeNotices | None = None  # k8s.nodes; None: notices off
     notices_off: str = ""
+    kueue: KueueState | None = None  # k8s.kueue; set at startup
     _deleted: dict[Key, set[str]] = field(default_factory=dict)  # key -> uids of deleted jobs
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -91,7 +94,8 @@ class OperatorState:
                                                         network=network,
                                                         control_key=self.control_key,
                                                         notices=self.notices,
-                                                        notices_off=self.notices_off))
+                                                        notices_off=self.notices_off,
+                                                        kueue=self.kueue))
         finally:
             # Here rather than on the DELETED event: a round of the job in flight then would
             # record it again after. Rounds of one key never overlap, and the event queues one.
@@ -154,6 +158,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if options.notice_taints is not None:
         state.notices = NodeNotices(options.notice_taints)
     state.notices_off = options.notices_off
+    state.kueue = KueueState(served=options.kueue_served)
     if options.network.enabled and options.network.peers.operator is None:
         log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
                     "leaves the workers' metrics/progress port open to every pod")

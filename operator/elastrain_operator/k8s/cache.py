@@ -262,6 +262,12 @@ class Cache:
         self._versions[key] = self._versions.get(key, 0) + 1
         self._quiet.pop(key, None)
 
+    def stale(self, key: Key) -> None:
+        """Something a check of this job reads outside this view changed (its Kueue
+        Workload, k8s.kueue): the next check plans again."""
+        with self._lock:
+            self._bump(key)
+
     def jobs_on(self, node: str) -> list[Key]:
         """The jobs with a worker pod on `node`, their checks made stale: what the node says
         changed (k8s.nodes), and their plans read it."""

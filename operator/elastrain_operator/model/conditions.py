@@ -18,8 +18,16 @@ HUNG: Final = "Hung"                  # no training step completed for spec.hang
 CHECKPOINT_FALLBACK: Final = "CheckpointFallback"  # a resume skipped a damaged checkpoint (sticky)
 RENDEZVOUS_STORE_READY: Final = "RendezvousStoreReady"  # the rendezvous store pod is Ready
 NODE_DISRUPTION_NOTICE: Final = "NodeDisruptionNotice"  # a worker's node gave notice (a move)
+ADMITTED: Final = "Admitted"          # Kueue admitted the job's Workload (Kueue jobs only)
 
 # --- reasons ---------------------------------------------------------------------------------
+QUEUED: Final = "Queued"                               # waiting in a Kueue LocalQueue for quota
+ADMITTED_BY_KUEUE: Final = "AdmittedByKueue"           # the Workload is admitted: pods may run
+EVICTED_BY_KUEUE: Final = "EvictedByKueue"             # Kueue took the quota back: save, stop
+QUOTA_RELEASED: Final = "QuotaReleased"                # the pods are gone; Kueue has the quota
+KUEUE_NOT_SERVED: Final = "KueueNotServed"             # a queue is named but no Kueue API runs
+PODS_GATED: Final = "PodsGatedByKueue"                 # Kueue's pod integration gates our pods
+WORKLOAD_CREATED: Final = "WorkloadCreated"            # the job's Kueue Workload was created
 JOB_CREATED: Final = "JobCreated"                      # children created for the first time
 WORKERS_RUNNING: Final = "WorkersRunning"              # >= minReplicas workers running
 WORKERS_PENDING: Final = "WorkersPending"              # waiting for workers to be scheduled

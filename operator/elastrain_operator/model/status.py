@@ -13,7 +13,8 @@ from pydantic import AwareDatetime, Field
 
 from elastrain_operator.model.base import ApiModel, k8s
 
-Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded",
+                "Failed"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 # The patterns metav1.Condition declares.
 CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -141,6 +142,29 @@ class RendezvousStoreState(ApiModel):
                                   "as the store is Ready.")
 
 
+QueueState = Literal["Creating", "Queued", "Admitted", "Evicted", "Finished"]
+
+
+class QueueStatus(ApiModel):
+    """Where Kueue has the job (policy.kueue): its LocalQueue, its Workload and why it waits."""
+
+    name: str = Field(max_length=253, description="The LocalQueue (kueue.x-k8s.io/queue-name, "
+                                                  "or the namespace's LocalQueue `default`).")
+    workload: str = Field(default="", max_length=253, description="The job's Kueue Workload.")
+    state: QueueState = Field(
+        default="Creating",
+        description="Creating (the Workload is being made), Queued (no quota yet, or requeued "
+                    "after an eviction), Admitted (pods run within the quota), Evicted (Kueue "
+                    "took the quota back: the workers save and stop, then it is released), "
+                    "Finished.")
+    cluster_queue: str = Field(default="", max_length=253,
+                               description="The ClusterQueue that admitted it.")
+    admitted_workers: int | None = Field(
+        default=None, ge=0, description="Workers the admission covers (partial admission can "
+                                        "give fewer than spec.replicas, never below minReplicas).")
+    message: str = Field(default="", max_length=2048, description="Kueue's word on it.")
+
+
 RecoveryMode = Literal["Restart", "InProcess"]
 
 
@@ -210,6 +234,9 @@ class TrainingJobStatus(ApiModel):
     rendezvous_store: RendezvousStoreState | None = Field(
         default=None, description="The rendezvous store pod the workers depend on "
                                   "(see the RendezvousStoreReady condition).")
+    queue: QueueStatus | None = Field(
+        default=None, description="Kueue's admission of the job; absent when Kueue does not "
+                                  "queue it.")
     start_time: datetime | None = None
     completion_time: datetime | None = None
     observed_generation: int = Field(default=0, ge=0)

@@ -86,6 +86,9 @@ class WorkerPod:
     exit_reason: str = ""
     exit_message: str = ""  # the container's termination message (the log's tail on error)
     unschedulable: str = ""
+    # spec.schedulingGates: a gate someone else put there (Kueue's pod integration) holds the
+    # pod Pending, unscheduled, for as long as it stays.
+    scheduling_gates: tuple[str, ...] = ()
     waiting_reason: str = ""
     waiting_message: str = ""
     created: str = ""
@@ -140,6 +143,8 @@ def read_worker_pod(pod: Manifest, finalizer: str) -> WorkerPod | None:
         exit_message=str(terminated.get("message") or ""),
         unschedulable=(str(scheduled.get("message") or "Unschedulable")
                        if scheduled and scheduled.get("status") == "False" else ""),
+        scheduling_gates=tuple(str(g.get("name", "")) for g in
+                               (pod.get("spec") or {}).get("schedulingGates") or []),
         waiting_reason=str(waiting.get("reason") or ""),
         waiting_message=str(waiting.get("message") or ""),
         created=str(meta.get("creationTimestamp") or ""),

@@ -55,6 +55,7 @@ from elastrain_operator.policy.failures import (
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
+from elastrain_operator.policy.kueue import WorkloadWrite, derive_gate, kueue_status, place_pods
 from elastrain_operator.policy.notices import move_noticed, notice_condition
 from elastrain_operator.policy.progress import (
     ProgressReport,
@@ -390,10 +391,14 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         f"Service {s!r} exists and is not owned by this TrainingJob"
         for s in sorted(observed.foreign_services))
     terminal_already = old.phase in TERMINAL
-    desired = 0 if job.spec.suspend or terminal_already else job.spec.desired_workers
-    pods = job.spec.worker_pods if desired else 0  # worker slots: workers + warm spares
+    gate = derive_gate(job, observed.kueue) if observed.kueue is not None else None
+    queued = gate is not None and not gate.runs  # Kueue holds the job: no pod may exist
+    desired = 0 if job.spec.suspend or terminal_already or queued else job.spec.desired_workers
+    if desired and gate is not None and gate.workers is not None:
+        desired = max(min(desired, gate.workers), 1)  # partial admission: what was admitted
+    pods = desired + job.spec.spares if desired else 0  # worker slots: workers + warm spares
     _ensure_slots(r, pods)
-    if job.spec.suspend and not terminal_already:
+    if (job.spec.suspend or queued) and not terminal_already:
         r.acct = replace(r.acct, store=None)  # the store is deleted; a resume starts anew
     elif desired:
         r.acct = replace(r.acct, store=track_store(r.acct.store, observed.store, now=now))
@@ -431,8 +436,11 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
         current_pods(r.acct.slots, observed.workers).values()))
     resumed = derive_training_recovery(old.last_recovery, r.acct.losses, training,
                                        mode=job.spec.recovery_mode)
+    if gate is not None:
+        r.create, placing = place_pods(r.create, job, gate)
+        r.events.extend(placing)
     outcome = Outcome(problems=problems, blocked=bool(blocking), terminal=terminal,
-                      created=created,
+                      created=created, queued=queued and not job.spec.suspend,
                       finishing=finishing, in_backoff=in_backoff,
                       progress=merge_progress(old.progress, old.last_checkpoint,
                                               training),
@@ -444,6 +452,14 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
                              training, now)
     status = notice_condition(status, r.acct.slots, observed, now=now,
                               generation=job.metadata.generation)
+    create_workload, workload = None, WorkloadWrite()
+    if gate is not None and observed.kueue is not None:
+        status, create_workload, workload = kueue_status(
+            status, job, observed.kueue, gate, observed.workers,
+            store=observed.store is not None, ready_workers=counts.ready_workers,
+            blocked=bool(blocking), now=now)
+        if workload.event is not None:
+            r.events.append(workload.event)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
         events.extend(_finish_warnings(observed))
@@ -463,7 +479,8 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
                 delete_job=terminal_already and ttl_expired(job, now), events=tuple(events),
                 counted_restarts=r.counted_restarts, counted_preemptions=r.counted_preemptions,
                 recovered_after_seconds=recovered, training_recovery=resumed,
-                hung=hung is not None)
+                hung=hung is not None, create_workload=create_workload, workload=workload)
+
 
 
 def _training_resumed(rec: TrainingRecovery) -> EventSpec:

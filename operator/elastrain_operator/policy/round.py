@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from elastrain_operator.model.status import TrainingJobStatus, TrainingRecovery, WorkerSlot
 from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.kueue import KueueView, WorkloadWrite
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.status import Accounting, EventSpec
 from elastrain_operator.policy.store import StorePod
@@ -35,6 +36,7 @@ class Observed:
     # Nodes that will not confirm their pods' end (policy.stale): node -> why; the job's
     # workers' nodes only, empty where the operator reads no nodes.
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
+    kueue: KueueView | None = None  # the job's Kueue Workload and queue; None: not queued
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Plan:
     recovered_after_seconds: float | None = None
     training_recovery: TrainingRecovery | None = None  # recorded this round (status.lastRecovery)
     hung: bool = False  # the progress watchdog restarted the workers this round
+    create_workload: Manifest | None = None  # the job's Kueue Workload (render.workload)
+    workload: WorkloadWrite = field(default_factory=WorkloadWrite)  # policy.kueue
 
 
 @dataclass

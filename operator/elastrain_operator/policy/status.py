@@ -38,14 +38,16 @@ from elastrain_operator.policy.store import StoreReadiness
 
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Condition types whose changes are announced as events, in a stable order.
-ANNOUNCED = (c.VALID, c.CREATED, c.SUSPENDED, c.RUNNING, c.RESTARTING, c.ALL_WORKERS_RUNNING,
-             c.SUCCEEDED, c.FAILED, c.CHECKPOINTS_FAILING, c.RENDEZVOUS_STORE_READY)
+ANNOUNCED = (c.VALID, c.CREATED, c.SUSPENDED, c.ADMITTED, c.RUNNING, c.RESTARTING,
+             c.ALL_WORKERS_RUNNING, c.SUCCEEDED, c.FAILED, c.CHECKPOINTS_FAILING,
+             c.RENDEZVOUS_STORE_READY)
 WARNING_REASONS = frozenset({
     c.INVALID_SPEC, c.BELOW_MIN_REPLICAS, c.WORKER_PREEMPTED, c.WORKER_FAILED, c.BACKOFF,
     c.WORKERS_PENDING, c.MAX_RESTARTS_EXCEEDED, c.MAX_PREEMPTIONS_EXCEEDED, c.DEADLINE_EXCEEDED,
     c.CREATE_FAILED, c.CHECKPOINT_SAVE_FAILED, c.STORE_IMAGE_PULL_FAILED, c.STORE_CRASH_LOOPING,
     c.STORE_UNSCHEDULABLE, c.STORE_CONTAINER_FAILED, c.STORE_LOST, c.WAITING_FOR_STORE,
-    c.RENDEZVOUS_STORE_NOT_READY, c.CONFIGURATION_ERROR,
+    c.RENDEZVOUS_STORE_NOT_READY, c.CONFIGURATION_ERROR, c.EVICTED_BY_KUEUE, c.PODS_GATED,
+    c.KUEUE_NOT_SERVED,
 })
 
 
@@ -111,6 +113,7 @@ class Outcome:
     fallback: CheckpointFallback | None = None  # a new one this round; None: keep the status's
     store: StoreReadiness | None = None  # the store pod's readiness; None: keep the condition
     store_hold: datetime | None = None  # missing workers wait for the store until then
+    queued: bool = False  # Kueue has not admitted the job (or took its quota back)
 
 
 def make_condition(kind: str, status: bool, reason: str, message: str, *,
@@ -148,6 +151,8 @@ def derive_phase(job: TrainingJob, counts: WorkerCounts, outcome: Outcome) -> Ph
         return job.status.phase
     if job.spec.suspend:
         return "Suspended"
+    if outcome.queued:
+        return "Queued"
     if counts.running >= job.spec.min_replicas:
         return "Running"
     if job.status.phase in ("Running", "Restarting"):
@@ -166,6 +171,8 @@ def _running_condition(phase: Phase, job: TrainingJob, counts: WorkerCounts,
         return False, c.JOB_TERMINATED, f"the job {phase.lower()}"
     if phase == "Suspended":
         return False, c.JOB_SUSPENDED, "spec.suspend is true"
+    if phase == "Queued":
+        return False, c.QUEUED, "Kueue has not admitted the job (see the Admitted condition)"
     if outcome.blocked:
         return False, c.INVALID_SPEC, "the spec is invalid; see the Valid condition"
     reason = c.BELOW_MIN_REPLICAS if phase == "Restarting" else c.WORKERS_STARTING
@@ -179,6 +186,8 @@ def _all_running_condition(phase: Phase, counts: WorkerCounts, outcome: Outcome,
         return False, c.JOB_TERMINATED, f"the job {phase.lower()}"
     if phase == "Suspended":
         return False, c.JOB_SUSPENDED, "spec.suspend is true"
+    if phase == "Queued":
+        return False, c.QUEUED, "Kueue has not admitted the job (see the Admitted condition)"
     if counts.desired and counts.running >= counts.desired + counts.spares:
         return True, c.WORKERS_RUNNING, f"all {counts.wanted} running"
     if outcome.store_hold is not None:
@@ -232,6 +241,8 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
         put(c.CHECKPOINT_FALLBACK, fallback)
     if phase == "Suspended":
         put(c.RENDEZVOUS_STORE_READY, (False, c.JOB_SUSPENDED, "spec.suspend is true"))
+    elif phase == "Queued":
+        put(c.RENDEZVOUS_STORE_READY, (False, c.QUEUED, "Kueue has not admitted the job"))
     elif outcome.store is not None:
         put(c.RENDEZVOUS_STORE_READY, (outcome.store.ready, outcome.store.reason,
                                        outcome.store.message))
@@ -242,7 +253,9 @@ def derive_status(job: TrainingJob, counts: WorkerCounts, outcome: Outcome, acct
                   *, now: datetime) -> TrainingJobStatus:
     old = job.status
     phase = derive_phase(job, counts, outcome)
-    active = phase not in TERMINAL and phase != "Suspended" and not outcome.blocked
+    # A queued job keeps its start time: an eviction by Kueue resumes the same run.
+    active = phase not in TERMINAL and phase not in ("Suspended", "Queued") \
+        and not outcome.blocked
     start = (old.start_time or now) if active else (None if phase == "Suspended"
                                                     else old.start_time)
     progress, checkpoint = outcome.progress

@@ -120,6 +120,8 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Store", "type": "string",
      "jsonPath": '.status.conditions[?(@.type=="RendezvousStoreReady")].reason',
      "description": "The rendezvous store pod: StoreReady, or why it is not Ready"},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.queue.state",
+     "description": "Kueue: Queued, Admitted or Evicted (status.queue says why)"},
 ]
 
 

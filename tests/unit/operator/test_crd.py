@@ -60,7 +60,7 @@ def test_subresources_and_columns() -> None:
         "labelSelectorPath": ".status.selector"}
     names = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert names == ["Phase", "Workers", "Step", "Last Checkpoint", "Restarts", "Preemptions",
-                     "Failed Saves", "Age", "Store"]
+                     "Failed Saves", "Age", "Store", "Queue"]
     status_props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     for column in version["additionalPrinterColumns"]:
         path = column["jsonPath"].split("[", 1)[0].split(".")

@@ -1,0 +1,206 @@
+"""Kueue as the operator's watches keep it: the jobs' Workloads, the namespaces with a
+LocalQueue named `default`, and the ResourceFlavors; and the few requests Kueue needs
+(policy.kueue says what they mean).
+
+Kueue is read only where the apiserver serves kueue.x-k8s.io/v1beta2 (the storage version from
+Kueue 0.16): probed once at startup (kueue_served). Without it a job that names a queue waits,
+told why, rather than running outside the quota its platform expects it to ask for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from elastrain_operator.k8s.cache import Key
+from elastrain_operator.k8s.client import Kube, KubeError, Manifest, namespaced
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.policy.kueue import DEFAULT_QUEUE, KueueView, queue_of
+from elastrain_operator.render.workload import (
+    KUEUE_API,
+    PRIORITY_LABEL,
+    RESOURCE_IN_USE,
+    Priority,
+)
+
+GROUP, VERSION = KUEUE_API.split("/")
+
+
+def kueue_served(kube: Kube) -> bool:
+    """Whether the apiserver serves Kueue's v1beta2 Workloads (discovery)."""
+    try:
+        found = kube.get(f"/apis/{KUEUE_API}")
+    except KubeError:
+        return False
+    return any(r.get("name") == "workloads" for r in (found or {}).get("resources") or [])
+
+
+def _owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the TrainingJob that controls a Workload, if one does."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "TrainingJob" \
+                and str(ref.get("apiVersion", "")).startswith("elastrain.dev/"):
+            return str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+class KueueState:
+    """Thread-safe: the watches write, reconcile rounds read."""
+
+    def __init__(self, served: bool = True) -> None:
+        self.served = served
+        self._lock = threading.Lock()
+        self._workloads: dict[Key, dict[str, Manifest]] = {}  # job key -> name -> Workload
+        self._default_queues: set[str] = set()  # namespaces with a LocalQueue `default`
+        self._flavors: dict[str, Manifest] = {}
+
+    # ---------------------------------------------------------------------- the watch side
+
+    def put_workload(self, obj: Manifest) -> Key | None:
+        """A Workload's event; the key of the job that owns it, if a TrainingJob does."""
+        owner = _owner(obj)
+        if owner is None:
+            return None
+        meta = obj["metadata"]
+        key = (str(meta.get("namespace")), owner[0])
+        with self._lock:
+            self._workloads.setdefault(key, {})[str(meta.get("name"))] = obj
+        return key
+
+    def remove_workload(self, obj: Manifest) -> Key | None:
+        owner = _owner(obj)
+        if owner is None:
+            return None
+        meta = obj["metadata"]
+        key = (str(meta.get("namespace")), owner[0])
+        with self._lock:
+            known = self._workloads.get(key, {})
+            known.pop(str(meta.get("name")), None)
+            if not known:
+                self._workloads.pop(key, None)
+        return key
+
+    def put_local_queue(self, obj: Manifest, *, deleted: bool = False) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != DEFAULT_QUEUE:
+            return
+        with self._lock:
+            if deleted:
+                self._default_queues.discard(str(meta.get("namespace")))
+            else:
+                self._default_queues.add(str(meta.get("namespace")))
+
+    def put_flavor(self, obj: Manifest, *, deleted: bool = False) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        with self._lock:
+            if deleted:
+                self._flavors.pop(name, None)
+            else:
+                self._flavors[name] = obj
+
+    # ------------------------------------------------------------------ the reconcile side
+
+    def workload_of(self, job: TrainingJob) -> Manifest | None:
+        """The job's Workload: the one whose controller is this very job (by uid)."""
+        key = (job.metadata.namespace, job.metadata.name)
+        with self._lock:
+            for wl in self._workloads.get(key, {}).values():
+                if (_owner(wl) or ("", ""))[1] == job.metadata.uid:
+                    return wl
+        return None
+
+    def orphans(self, key: Key) -> list[Manifest]:
+        """Workloads of a job that is gone, still holding the finalizer we put there."""
+        with self._lock:
+            return [wl for wl in self._workloads.get(key, {}).values()
+                    if RESOURCE_IN_USE in (wl["metadata"].get("finalizers") or [])]
+
+    def view(self, kube: Kube | None, job: TrainingJob) -> KueueView | None:
+        """What the job's round knows of Kueue; None when Kueue does not queue the job.
+        `kube` None: from the watches alone, no request (reconcile.needs_round)."""
+        with self._lock:
+            default_queue = job.metadata.namespace in self._default_queues
+        queue = queue_of(job, default_queue)
+        if queue is None:
+            return None
+        if not self.served:
+            return KueueView(queue=queue, served=False)
+        workload = self.workload_of(job)
+        priority = read_priority(kube, job) if workload is None and kube is not None else None
+        return KueueView(queue=queue, workload=workload, flavors=self._flavors_of(kube, workload),
+                         priority=priority)
+
+    def _flavors_of(self, kube: Kube | None,
+                    workload: Manifest | None) -> dict[str, Manifest]:
+        """The ResourceFlavors an admission names, from the watch; one the watch has not
+        delivered yet is read (and kept)."""
+        admission = ((workload or {}).get("status") or {}).get("admission") or {}
+        names = {str(f) for a in admission.get("podSetAssignments") or []
+                 for f in (a.get("flavors") or {}).values()}
+        found: dict[str, Manifest] = {}
+        for name in sorted(names):
+            with self._lock:
+                flavor = self._flavors.get(name)
+            if flavor is None and kube is not None:
+                flavor = kube.get(f"/apis/{KUEUE_API}/resourceflavors/{name}")
+                if flavor is not None:
+                    self.put_flavor(flavor)
+            if flavor is not None:
+                found[name] = flavor
+        return found
+
+
+def read_priority(kube: Kube, job: TrainingJob) -> Priority | None:
+    """The class the Workload is ordered by: a WorkloadPriorityClass named by the job's
+    kueue.x-k8s.io/priority-class label, else the workers' PriorityClass; a class that does not
+    exist gives none (Kueue's default priority, 0)."""
+    if name := job.metadata.labels.get(PRIORITY_LABEL):
+        kind, path = "WorkloadPriorityClass", f"/apis/{KUEUE_API}/workloadpriorityclasses/{name}"
+    elif name := job.spec.template.priority_class_name or "":
+        kind, path = "PriorityClass", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"
+    else:
+        return None
+    found = kube.get(path)
+    if found is None:
+        return None
+    return Priority(kind=kind, name=name, value=int(found.get("value") or 0))
+
+
+def workload_path(namespace: str, name: str = "") -> str:
+    return namespaced(KUEUE_API, namespace, "workloads", name)
+
+
+def create_workload(kube: Kube, manifest: Manifest) -> bool:
+    """True when created, False when it already existed."""
+    return kube.create(workload_path(manifest["metadata"]["namespace"]), manifest) is not None
+
+
+def patch_workload_status(kube: Kube, workload: Manifest, patch: Manifest) -> bool:
+    """Merge-patch the status with the resourceVersion read in the patch: False when the
+    Workload changed since (Kueue wrote it: the next round decides again) or is gone."""
+    meta = workload["metadata"]
+    try:
+        kube.patch(workload_path(meta["namespace"], meta["name"]) + "/status", patch)
+    except KubeError as err:
+        if err.conflict or err.not_found:
+            return False
+        raise
+    return True
+
+
+def release_workload(kube: Kube, workload: Manifest) -> None:
+    """Remove our finalizer (guarded by the resourceVersion read)."""
+    meta = workload["metadata"]
+    finalizers = list(meta.get("finalizers") or [])
+    if RESOURCE_IN_USE not in finalizers:
+        return
+    patch = [{"op": "test", "path": "/metadata/resourceVersion",
+              "value": meta["resourceVersion"]},
+             {"op": "replace", "path": "/metadata/finalizers",
+              "value": [f for f in finalizers if f != RESOURCE_IN_USE]}]
+    try:
+        kube.patch(workload_path(meta["namespace"], meta["name"]), patch, kind="json")
+    except KubeError as err:
+        if err.status not in (404, 409, 422):  # gone, or changed: its next event retries
+            raise

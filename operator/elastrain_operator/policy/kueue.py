@@ -1,0 +1,320 @@
+"""Kueue: whether a job is queued, what its Workload's admission allows, what to write back.
+
+A job is under Kueue when it carries the `kueue.x-k8s.io/queue-name` label, or when its
+namespace had a LocalQueue named `default` when the operator first saw it (what Kueue's webhook
+does for its own job kinds; decided once, then kept in status.queue, so a LocalQueue created
+later never stops a running job). Such a job creates no pod until Kueue admits its Workload
+(render.workload); admitted, it runs at the admitted size (partial admission: between
+minReplicas and the desired workers) on the admitted flavors. The operator plays the part Kueue's
+jobframework reconciler plays for a batch Job:
+
+- Evicted (preemption, a PodsReady timeout, a stopped ClusterQueue, deactivation, ...): the
+  workers are deleted as on a suspend, so each saves its step at the step boundary on SIGTERM;
+  once no pod of the job is left the quota is released (admission cleared, QuotaReserved False,
+  Requeued True unless deactivated), and Kueue queues the Workload again. Re-admitted, the job
+  resumes from that save.
+- PodsReady is kept true while the admitted workers are ready (Kueue's waitForPodsReady would
+  evict it otherwise), Finished is set when the job ends, then the finalizer is removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from elastrain_operator.model import conditions as c
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.model.status import Phase, QueueState, QueueStatus, TrainingJobStatus
+from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
+from elastrain_operator.render.meta import Manifest
+from elastrain_operator.render.workload import (
+    KUEUE_API,
+    QUEUE_LABEL,
+    RESOURCE_IN_USE,
+    SPARES,
+    STORE,
+    WORKERS,
+    Placement,
+    Priority,
+    flavor_placement,
+    place,
+    render_workload,
+    update_placement,
+    workload_name,
+)
+
+DEFAULT_QUEUE = "default"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate of Kueue's pod integration
+# Kueue's eviction reasons after which its own integrations requeue (jobframework step 6).
+REQUEUED_AFTER = ("Preempted", "AdmissionCheck")
+EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.elastrain.dev"
+
+
+@dataclass(frozen=True)
+class KueueView:
+    """What a round knows of Kueue for one job under it (Observed.kueue)."""
+
+    queue: str
+    workload: Manifest | None = None  # the job's Workload as the watch has it; None: none yet
+    flavors: Mapping[str, Manifest] = field(default_factory=dict)  # ResourceFlavors, by name
+    priority: Priority | None = None  # resolved for a Workload still to be created
+    served: bool = True  # the apiserver serves kueue.x-k8s.io/v1beta2 Workloads
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What Kueue lets the job do this round."""
+
+    state: QueueState
+    runs: bool  # its pods may exist
+    reason: str
+    message: str
+    workers: int | None = None  # admitted workers (runs only)
+    cluster_queue: str = ""
+    placement: Mapping[str, Placement] = field(default_factory=dict)  # pod set -> placement
+
+
+def queue_of(job: TrainingJob, default_queue: bool) -> str | None:
+    """The LocalQueue the job waits in, or None when Kueue does not queue it. `default_queue`:
+    the namespace has a LocalQueue named `default` (only read for a job never reconciled)."""
+    if label := job.metadata.labels.get(QUEUE_LABEL):
+        return label
+    if job.status.queue is not None:
+        return job.status.queue.name
+    if default_queue and job.status.observed_generation == 0:
+        return DEFAULT_QUEUE
+    return None
+
+
+def _conditions(workload: Manifest) -> dict[str, Manifest]:
+    return {str(x.get("type")): x for x in (workload.get("status") or {}).get("conditions") or []}
+
+
+def _true(conds: Mapping[str, Manifest], kind: str) -> bool:
+    return (conds.get(kind) or {}).get("status") == "True"
+
+
+def derive_gate(job: TrainingJob, view: KueueView) -> Gate:
+    """Where the Workload stands, as the job acts on it."""
+    name = workload_name(job)
+    if not view.served:
+        return Gate("Queued", False, c.KUEUE_NOT_SERVED,
+                    f"the job names LocalQueue {view.queue!r} but this cluster serves no "
+                    f"{KUEUE_API} Workloads: install Kueue (0.16 or later), then restart the "
+                    "operator; no pod is created meanwhile")
+    wl = view.workload
+    if wl is None:
+        return Gate("Creating", False, c.QUEUED,
+                    f"creating Workload {name} in LocalQueue {view.queue}")
+    conds = _conditions(wl)
+    if _true(conds, "Finished"):
+        return Gate("Finished", False, c.QUEUED,
+                    f"Workload {name} is finished: {conds['Finished'].get('message', '')}")
+    if _true(conds, "Evicted") and _true(conds, "QuotaReserved"):
+        return Gate("Evicted", False, c.EVICTED_BY_KUEUE,
+                    f"Kueue evicted Workload {name} ({eviction(conds)}): the workers save their "
+                    "step and stop, then the quota is released")
+    if _true(conds, "Admitted") and not _true(conds, "Evicted"):
+        return _admitted(job, view, wl)
+    return Gate("Queued", False, c.QUEUED, _waiting(name, view.queue, wl, conds))
+
+
+def eviction(conds: Mapping[str, Manifest]) -> str:
+    """Kueue's reason for an eviction, and by whom when it preempted."""
+    evicted = conds.get("Evicted") or {}
+    why = str(evicted.get("reason") or "Evicted")
+    if _true(conds, "Preempted"):
+        why += f", {conds['Preempted'].get('reason')}"
+    message = str(evicted.get("message") or "")
+    return f"{why}: {message}" if message else why
+
+
+def _waiting(name: str, queue: str, wl: Manifest, conds: Mapping[str, Manifest]) -> str:
+    if (wl.get("spec") or {}).get("active") is False:
+        return f"Workload {name} is deactivated (spec.active false); it is not queued"
+    if _true(conds, "Evicted"):
+        return f"requeued in LocalQueue {queue} after an eviction ({eviction(conds)})"
+    reserved = conds.get("QuotaReserved") or {}
+    why = reserved.get("message") or "waiting for Kueue to consider it"
+    return f"Workload {name} waits in LocalQueue {queue}: {why}"
+
+
+def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
+    admission = (wl.get("status") or {}).get("admission") or {}
+    assignments = {str(a.get("name")): a for a in admission.get("podSetAssignments") or []}
+    placement: dict[str, Placement] = {}
+    unknown: list[str] = []
+    for pod_set, assignment in assignments.items():
+        here = Placement()
+        for flavor in dict.fromkeys((assignment.get("flavors") or {}).values()):
+            if str(flavor) in view.flavors:
+                here = here.merged(flavor_placement(view.flavors[str(flavor)]))
+            else:
+                unknown.append(str(flavor))
+        for check in (wl.get("status") or {}).get("admissionChecks") or []:
+            for update in check.get("podSetUpdates") or []:
+                if update.get("name") == pod_set:
+                    here = here.merged(update_placement(update))
+        placement[pod_set] = here
+    count = (assignments.get(WORKERS) or {}).get("count")
+    workers = int(count) if count is not None else job.spec.desired_workers
+    queue = str(admission.get("clusterQueue") or "")
+    message = f"admitted by ClusterQueue {queue} for {workers} workers"
+    if unknown:
+        message += f" (ResourceFlavors not found, their node labels not applied: {unknown})"
+    return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message, workers=workers,
+                cluster_queue=queue, placement=placement)
+
+
+def pod_set_of(manifest: Manifest, job: TrainingJob) -> str:
+    """The pod set a pod the planner creates belongs to: the store, a spare's slot (beyond
+    the desired workers) or a worker's."""
+    labels = manifest["metadata"].get("labels") or {}
+    if labels.get("elastrain.dev/role") != "worker":
+        return STORE
+    index = int(labels.get("elastrain.dev/worker-index", 0))
+    return SPARES if index >= job.spec.desired_workers else WORKERS
+
+
+def gated_pods(workers: Sequence[WorkerPod]) -> list[str]:
+    """Our pods that Kueue's pod integration holds with its admission gate: it took them for
+    plain pods, since no registered job kind owns them (EXTERNAL_FRAMEWORK)."""
+    return sorted(p.name for p in workers if ADMISSION_GATE in p.scheduling_gates)
+
+
+def queue_status(job: TrainingJob, view: KueueView, gate: Gate) -> QueueStatus:
+    return QueueStatus(name=view.queue, workload=workload_name(job), state=gate.state,
+                       cluster_queue=gate.cluster_queue, admitted_workers=gate.workers,
+                       message=gate.message[:2048])
+
+
+def admitted_condition(status: TrainingJobStatus, gate: Gate, gated: Sequence[str], *,
+                       now: datetime, generation: int) -> TrainingJobStatus:
+    """The job's Admitted condition (True while Kueue's admission lets its pods run)."""
+    reason, message = gate.reason, gate.message
+    if gated:
+        reason = c.PODS_GATED
+        message = (f"Kueue's pod integration gates pods {gated[:5]}: add "
+                   f"{EXTERNAL_FRAMEWORK} to Kueue's integrations.externalFrameworks so it "
+                   "leaves the pods of a queued TrainingJob alone (README, Kueue)")
+    cond = make_condition(c.ADMITTED, gate.runs, reason, message[:32768], now=now,
+                          generation=generation)
+    return status.model_copy(update={"conditions": set_condition(status.conditions, cond)})
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """A change to the Workload: its status (merge patch with the resourceVersion read, so a
+    change by Kueue in between makes it fail and the next round decide again), and whether
+    its finalizer goes."""
+
+    status: Manifest | None = None
+    unfinalize: bool = False
+    event: EventSpec | None = None
+
+
+def _condition(kind: str, status: bool, reason: str, message: str, *, now: datetime,
+               generation: int) -> Manifest:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason,
+            "message": message[:32768], "lastTransitionTime": now.isoformat(),
+            "observedGeneration": generation}
+
+
+def _with(conds: list[Manifest], new: Manifest) -> list[Manifest]:
+    """Set a condition as metav1 does: its transition time kept while its status stays."""
+    out, found = [], False
+    for cond in conds:
+        if cond.get("type") != new["type"]:
+            out.append(cond)
+            continue
+        found = True
+        same = cond.get("status") == new["status"]
+        out.append({**new, "lastTransitionTime": cond.get("lastTransitionTime")} if same
+                   else new)
+    return out if found else [*out, new]
+
+
+def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: bool,
+                   ready_workers: int, phase: Phase, now: datetime) -> WorkloadWrite:
+    """What this round writes to the Workload, if anything."""
+    wl = view.workload
+    if wl is None:
+        return WorkloadWrite()
+    meta = wl.get("metadata") or {}
+    conds = _conditions(wl)
+    ours = RESOURCE_IN_USE in (meta.get("finalizers") or [])
+    gen = int(meta.get("generation") or 0)
+    listed: list[Manifest] = list(conds.values())
+    status: dict[str, Any] = {}
+    event = None
+    if gate.state == "Evicted" and not pods_left:
+        evicted = conds.get("Evicted") or {}
+        reason = str(evicted.get("reason") or "Evicted")
+        message = str(evicted.get("message") or "")
+        requeue = reason in REQUEUED_AFTER
+        for new in (_condition("QuotaReserved", False, "Pending", message, now=now,
+                               generation=gen),
+                    _condition("Admitted", False, "NoReservation",
+                               "The workload has no reservation", now=now, generation=gen),
+                    _condition("Requeued", requeue, reason, message, now=now, generation=gen)):
+            listed = _with(listed, new)
+        status["admission"] = None
+        event = EventSpec("Normal", c.QUOTA_RELEASED,
+                          f"no pod of the job is left: Workload {meta.get('name')}'s quota "
+                          f"released ({eviction(conds)}); "
+                          + ("requeued" if requeue else "not requeued"))
+    elif phase in ("Succeeded", "Failed") and not _true(conds, "Finished"):
+        listed = _with(listed, _condition("Finished", True, phase, f"the TrainingJob {phase}",
+                                          now=now, generation=gen))
+    elif gate.runs and gate.workers is not None:
+        ready = ready_workers >= gate.workers
+        if (conds.get("PodsReady") or {}).get("status") != ("True" if ready else "False"):
+            listed = _with(listed, _condition(
+                "PodsReady", ready, "PodsReady" if ready else "WaitForStart",
+                f"{ready_workers} of {gate.workers} admitted workers ready", now=now,
+                generation=gen))
+    if listed != list(conds.values()):
+        status["conditions"] = listed
+    unfinalize = ours and (bool(meta.get("deletionTimestamp")) or _true(conds, "Finished"))
+    patch = ({"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
+             if status else None)
+    return WorkloadWrite(status=patch, unfinalize=unfinalize, event=event)
+
+
+def place_pods(create: Sequence[Manifest], job: TrainingJob,
+               gate: Gate) -> tuple[list[Manifest], list[EventSpec]]:
+    """The pods a round creates, on the flavors Kueue admitted them to (render.workload); a pod
+    whose placement conflicts with its own node selector is not created, and said so."""
+    placed: list[Manifest] = []
+    events: list[EventSpec] = []
+    for manifest in create:
+        if manifest["kind"] != "Pod":
+            placed.append(manifest)
+            continue
+        try:
+            placed.append(place(manifest, gate.placement.get(pod_set_of(manifest, job),
+                                                             Placement())))
+        except ValueError as err:
+            events.append(EventSpec("Warning", c.CREATE_FAILED,
+                                    f"pod {manifest['metadata']['name']}: {err}"))
+    return placed, events
+
+
+def kueue_status(status: TrainingJobStatus, job: TrainingJob, view: KueueView, gate: Gate,
+                 workers: Sequence[WorkerPod], *, store: bool, ready_workers: int,
+                 blocked: bool, now: datetime
+                 ) -> tuple[TrainingJobStatus, Manifest | None, WorkloadWrite]:
+    """status.queue and the Admitted condition; the Workload to create, or what to write to
+    it. `store`: the job's store pod exists."""
+    status = admitted_condition(
+        status.model_copy(update={"queue": queue_status(job, view, gate)}), gate,
+        gated_pods(workers), now=now, generation=job.metadata.generation)
+    creating = gate.state == "Creating" and view.served and not blocked \
+        and status.phase not in ("Succeeded", "Failed")
+    create = render_workload(job, view.queue, view.priority) if creating else None
+    write = workload_write(job, view, gate, pods_left=bool(workers) or store,
+                           ready_workers=ready_workers, phase=status.phase, now=now)
+    return status, create, write

@@ -1,0 +1,156 @@
+"""The job's Kueue Workload (kueue.x-k8s.io/v1beta2), and the placement an admission gives pods.
+
+A TrainingJob under Kueue (policy.kueue) is one Workload the operator creates and owns, as
+Kueue's own job integrations do (its jobframework reconciler, which a controller not written in
+Go cannot import): pod sets for the workers (count = the desired workers, minCount =
+minReplicas, so partial admission can start it smaller), the warm spares and the rendezvous
+store, so every pod the job creates is inside the admitted quota. Each pod set's template is
+the pod the operator would create, so Kueue's flavor assignment sees its real requests, node
+selector, tolerations and affinity.
+
+Once admitted, each pod set's assignment names a ResourceFlavor per resource; the flavors'
+nodeLabels and tolerations, and any podSetUpdates of the admission checks, are merged into the
+pods as Kueue's podset.Merge does for its own jobs (place()).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from elastrain_operator.model.names import LABEL_JOB
+from elastrain_operator.model.spec import TrainingJob
+from elastrain_operator.render.meta import Manifest, owner_reference
+from elastrain_operator.render.rendezvous import render_store_pod
+from elastrain_operator.render.workers import render_worker_pod
+
+KUEUE_API: Final = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass
+JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
+# Kueue's jobframework puts it on every Workload it makes: the Workload stays until its job's
+# controller has let the quota go (finished) or seen its deletion.
+RESOURCE_IN_USE: Final = "kueue.x-k8s.io/resource-in-use"
+WORKERS: Final = "workers"
+SPARES: Final = "spares"
+STORE: Final = "store"
+POD_SETS: Final = (WORKERS, SPARES, STORE)
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The class Kueue orders the Workload by, with its value (Kueue's webhook does not
+    resolve a class a controller names; its jobframework does that before it creates one)."""
+
+    kind: str  # "WorkloadPriorityClass" or "PriorityClass"
+    name: str
+    value: int
+
+    def ref(self) -> Manifest:
+        group = "kueue.x-k8s.io" if self.kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
+        return {"group": group, "kind": self.kind, "name": self.name}
+
+
+def workload_name(job: TrainingJob) -> str:
+    """Unique per job object, as Kueue names its own (kind, name, a hash of the uid): a job
+    deleted and created again under the same name never meets its predecessor's Workload."""
+    digest = hashlib.sha256(f"{job.metadata.uid}/TrainingJob".encode()).hexdigest()[:5]
+    return f"trainingjob-{job.metadata.name}-{digest}"
+
+
+def _template(pod: Manifest) -> Manifest:
+    """A pod set's template: the pod's labels and spec (names and owners are per pod)."""
+    return {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
+            "spec": pod["spec"]}
+
+
+def render_workload(job: TrainingJob, queue: str, priority: Priority | None) -> Manifest:
+    """The Workload that asks Kueue for the job's quota."""
+    spec = job.spec
+    desired = spec.desired_workers
+    workers: Manifest = {"name": WORKERS, "count": desired,
+                         "template": _template(render_worker_pod(job, 0, 0))}
+    if spec.min_replicas < desired:
+        workers["minCount"] = spec.min_replicas
+    pod_sets = [workers]
+    if spec.spares:
+        pod_sets.append({"name": SPARES, "count": spec.spares,
+                         "template": _template(render_worker_pod(job, desired, 0))})
+    pod_sets.append({"name": STORE, "count": 1, "template": _template(render_store_pod(job))})
+    body: Manifest = {"queueName": queue, "podSets": pod_sets}
+    if priority is not None:
+        body["priorityClassRef"] = priority.ref()
+        body["priority"] = priority.value
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": job.metadata.namespace,
+            "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
+            "finalizers": [RESOURCE_IN_USE],
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": body,
+    }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What an admission adds to one pod set's pods."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Manifest] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def merged(self, other: Placement) -> Placement:
+        return Placement(
+            node_selector={**self.node_selector, **other.node_selector},
+            tolerations=(*self.tolerations,
+                         *(t for t in other.tolerations if t not in self.tolerations)),
+            labels={**self.labels, **other.labels},
+            annotations={**self.annotations, **other.annotations})
+
+
+def flavor_placement(flavor: Mapping[str, Any]) -> Placement:
+    """A ResourceFlavor's nodeLabels and tolerations, as they go onto an admitted pod."""
+    spec = flavor.get("spec") or {}
+    return Placement(node_selector=dict(spec.get("nodeLabels") or {}),
+                     tolerations=tuple(spec.get("tolerations") or ()))
+
+
+def update_placement(update: Mapping[str, Any]) -> Placement:
+    """An admission check's podSetUpdate."""
+    return Placement(node_selector=dict(update.get("nodeSelector") or {}),
+                     tolerations=tuple(update.get("tolerations") or ()),
+                     labels=dict(update.get("labels") or {}),
+                     annotations=dict(update.get("annotations") or {}))
+
+
+def place(pod: Manifest, placement: Placement) -> Manifest:
+    """The pod with an admission's placement merged in; a node selector key the job set itself
+    to another value is a conflict Kueue refuses too (ValueError names it)."""
+    if not (placement.node_selector or placement.tolerations or placement.labels
+            or placement.annotations):
+        return pod
+    spec = dict(pod["spec"])
+    selector = dict(spec.get("nodeSelector") or {})
+    for key, value in placement.node_selector.items():
+        if selector.get(key, value) != value:
+            raise ValueError(f"the admission's node label {key}={value} conflicts with the "
+                             f"pod's nodeSelector {key}={selector[key]}")
+        selector[key] = value
+    if selector:
+        spec["nodeSelector"] = selector
+    tolerations = list(spec.get("tolerations") or [])
+    tolerations += [t for t in placement.tolerations if t not in tolerations]
+    if tolerations:
+        spec["tolerations"] = tolerations
+    metadata = dict(pod["metadata"])
+    metadata["labels"] = {**placement.labels, **metadata.get("labels", {})}
+    if placement.annotations:
+        metadata["annotations"] = {**placement.annotations, **metadata.get("annotations", {})}
+    return {**pod, "metadata": metadata, "spec": spec}
