@@ -44,6 +44,9 @@ Manifest = dict[str, Any]
 
 NAMESPACE_LABEL = "elastrain.dev/kueue"  # value "true": the namespaces Kueue manages
 FRAMEWORKS = ("batch/job", "pod")
+# Kinds whose own controller makes their Workloads (README, Kueue): Kueue's pod integration then
+# leaves alone the pods of such a job that carries a queue label.
+EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.elastrain.dev",)
 # The CRDs config/components/crd/kustomization.yaml patches with a conversion webhook.
 CONVERTED_CRDS = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
 # Webhooks registered: those of Kueue's kinds, and of the enabled frameworks' kinds.
@@ -113,7 +116,8 @@ def render_config(*, webhook_port: int, health_port: int, metrics_port: int,
         "pprofBindAddress": "0",
         "manageJobsWithoutQueueName": False,
         "managedJobsNamespaceSelector": namespace_selector(),
-        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "integrations": {"frameworks": list(FRAMEWORKS),
+                         "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
         # The visibility API is an aggregated apiserver on a fixed port (8082) that needs an
         # APIService; nothing here reads it, and two pytest workers would fight over the port.
         "featureGates": {"VisibilityOnDemand": False},

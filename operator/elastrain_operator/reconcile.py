@@ -41,6 +41,7 @@ from elastrain_operator.k8s.events import post_events
 from elastrain_operator.k8s.kueue import (
     KueueState,
     create_workload,
+    label_queue,
     patch_workload_status,
     release_workload,
 )
@@ -113,7 +114,8 @@ def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
     """Whether applying the plan would change anything in the cluster."""
     return bool(p.status != job.status or p.create or p.delete_pods or p.force_delete_pods
                 or p.release_pods or p.delete_job or p.events or orphans
-                or p.create_workload or p.workload.status or p.workload.unfinalize)
+                or p.create_workload or p.workload.status or p.workload.unfinalize
+                or p.workload.label_queue)
 
 
 def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
@@ -227,7 +229,7 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
         if options.cache is not None and written:
             options.cache.put_job(written, written=True)  # the next check plans from it
         _tell_new_moves(job, p.status, observed, control_token(options, job))
-    _apply_workload(kube, p, observed)
+    _apply_workload(kube, job, p, observed)
     since = options.cache.begin() if options.cache is not None else None
     secret_errors = _ensure_control_secret(kube, job, p.create, control_token(options, job))
     applied = apply_children(kube, ns, delete=p.delete_pods, force_delete=p.force_delete_pods,
@@ -268,9 +270,11 @@ def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Obser
                       token=token, moving=moving)
 
 
-def _apply_workload(kube: Kube, p: Plan, observed: Observed) -> None:
+def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -> None:
     """The round's Workload changes (policy.kueue), after the status that records them."""
     workload = observed.kueue.workload if observed.kueue is not None else None
+    if p.workload.label_queue is not None:
+        label_queue(kube, job.metadata.namespace, job.metadata.name, p.workload.label_queue)
     if p.create_workload is not None:
         create_workload(kube, p.create_workload)
     if workload is not None and p.workload.status is not None:

@@ -15,11 +15,13 @@ from typing import Any
 
 from elastrain_operator.k8s.cache import Key
 from elastrain_operator.k8s.client import Kube, KubeError, Manifest, namespaced
+from elastrain_operator.model.spec import API_VERSION as JOB_VERSION
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.kueue import DEFAULT_QUEUE, KueueView, queue_of
 from elastrain_operator.render.workload import (
     KUEUE_API,
     PRIORITY_LABEL,
+    QUEUE_LABEL,
     RESOURCE_IN_USE,
     Priority,
 )
@@ -204,3 +206,9 @@ def release_workload(kube: Kube, workload: Manifest) -> None:
     except KubeError as err:
         if err.status not in (404, 409, 422):  # gone, or changed: its next event retries
             raise
+
+
+def label_queue(kube: Kube, namespace: str, name: str, queue: str) -> None:
+    """Give the job the queue label it is queued under (policy.kueue.WorkloadWrite)."""
+    kube.patch(namespaced(f"elastrain.dev/{JOB_VERSION}", namespace, "trainingjobs", name),
+               {"metadata": {"labels": {QUEUE_LABEL: queue}}})

@@ -191,17 +191,21 @@ def queue_status(job: TrainingJob, view: KueueView, gate: Gate) -> QueueStatus:
                        message=gate.message[:2048])
 
 
-def admitted_condition(status: TrainingJobStatus, gate: Gate, gated: Sequence[str], *,
+def admitted_condition(status: TrainingJobStatus, gate: Gate | None, gated: Sequence[str], *,
                        now: datetime, generation: int) -> TrainingJobStatus:
-    """The job's Admitted condition (True while Kueue's admission lets its pods run)."""
-    reason, message = gate.reason, gate.message
+    """The job's Admitted condition: True while Kueue's admission lets its pods run; False
+    while Kueue's pod integration gates its pods, also for a job Kueue does not queue (one
+    created before its namespace got a `default` LocalQueue)."""
+    if gate is None and not gated:
+        return status
+    reason, message = (gate.reason, gate.message) if gate is not None else ("", "")
     if gated:
         reason = c.PODS_GATED
         message = (f"Kueue's pod integration gates pods {gated[:5]}: add "
                    f"{EXTERNAL_FRAMEWORK} to Kueue's integrations.externalFrameworks so it "
                    "leaves the pods of a queued TrainingJob alone (README, Kueue)")
-    cond = make_condition(c.ADMITTED, gate.runs, reason, message[:32768], now=now,
-                          generation=generation)
+    cond = make_condition(c.ADMITTED, gate is not None and gate.runs and not gated, reason,
+                          message[:32768], now=now, generation=generation)
     return status.model_copy(update={"conditions": set_condition(status.conditions, cond)})
 
 
@@ -214,6 +218,10 @@ class WorkloadWrite:
     status: Manifest | None = None
     unfinalize: bool = False
     event: EventSpec | None = None
+    # The queue label the job is to carry: one queued in its namespace's `default` LocalQueue
+    # gets it, as Kueue's webhook labels its own kinds, so Kueue's pod integration finds its
+    # pods' owner managed (with EXTERNAL_FRAMEWORK registered) and leaves them alone.
+    label_queue: str | None = None
 
 
 def _condition(kind: str, status: bool, reason: str, message: str, *, now: datetime,
@@ -242,7 +250,8 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
     """What this round writes to the Workload, if anything."""
     wl = view.workload
     if wl is None:
-        return WorkloadWrite()
+        label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
+        return WorkloadWrite(label_queue=label)
     meta = wl.get("metadata") or {}
     conds = _conditions(wl)
     ours = RESOURCE_IN_USE in (meta.get("finalizers") or [])
@@ -281,7 +290,8 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
     unfinalize = ours and (bool(meta.get("deletionTimestamp")) or _true(conds, "Finished"))
     patch = ({"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
              if status else None)
-    return WorkloadWrite(status=patch, unfinalize=unfinalize, event=event)
+    label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
+    return WorkloadWrite(status=patch, unfinalize=unfinalize, event=event, label_queue=label)
 
 
 def place_pods(create: Sequence[Manifest], job: TrainingJob,

@@ -55,7 +55,14 @@ from elastrain_operator.policy.failures import (
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
-from elastrain_operator.policy.kueue import WorkloadWrite, derive_gate, kueue_status, place_pods
+from elastrain_operator.policy.kueue import (
+    WorkloadWrite,
+    admitted_condition,
+    derive_gate,
+    gated_pods,
+    kueue_status,
+    place_pods,
+)
 from elastrain_operator.policy.notices import move_noticed, notice_condition
 from elastrain_operator.policy.progress import (
     ProgressReport,
@@ -460,6 +467,9 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
             blocked=bool(blocking), now=now)
         if workload.event is not None:
             r.events.append(workload.event)
+    elif gated := gated_pods(observed.workers):
+        status = admitted_condition(status, None, gated, now=now,
+                                    generation=job.metadata.generation)
     events = [*r.events, *transition_events(old, status), *fallback_events(old, status)]
     if terminal is not None and terminal[0] == "Succeeded":
         events.extend(_finish_warnings(observed))

@@ -41,12 +41,21 @@ COHORT = "elastrain-tests"
 # ------------------------------------------------------------------------------------- builders
 
 
-def make_resource_flavor(name: str) -> Manifest:
-    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}}
+def make_resource_flavor(name: str, node_labels: dict[str, str] | None = None) -> Manifest:
+    flavor: Manifest = {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}}
+    if node_labels:
+        flavor["spec"] = {"nodeLabels": node_labels}
+    return flavor
+
+
+def make_priority_class(name: str, value: int) -> Manifest:
+    return {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": name},
+            "value": value}
 
 
 def make_cluster_queue(name: str, *, flavor: str, quota: dict[str, str],
-                       cohort: str | None = COHORT) -> Manifest:
+                       cohort: str | None = COHORT,
+                       preemption: Manifest | None = None) -> Manifest:
     """Nominal `quota` per resource in one flavor; `namespaceSelector: {}` admits every
     namespace (left out, a ClusterQueue admits none)."""
     spec: Manifest = {
@@ -57,6 +66,8 @@ def make_cluster_queue(name: str, *, flavor: str, quota: dict[str, str],
     }
     if cohort:
         spec["cohortName"] = cohort
+    if preemption:
+        spec["preemption"] = preemption
     return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name},
             "spec": spec}
 
@@ -73,11 +84,17 @@ def _pod_template(cpu: str) -> Manifest:
         "name": "main", "image": "elastrain/none:0", "resources": {"requests": {"cpu": cpu}}}]}}
 
 
-def make_workload(name: str, *, queue: str, cpu: str, count: int = 1) -> Manifest:
-    """The least a controller that is not Kueue's own writes: one podSet and a queue."""
-    return {"apiVersion": KUEUE, "kind": "Workload", "metadata": {"name": name},
-            "spec": {"queueName": queue, "podSets": [
-                {"name": "main", "count": count, "template": _pod_template(cpu)}]}}
+def make_workload(name: str, *, queue: str, cpu: str, count: int = 1,
+                  priority: tuple[str, int] | None = None) -> Manifest:
+    """The least a controller that is not Kueue's own writes: one podSet and a queue;
+    `priority`: a WorkloadPriorityClass's (name, value)."""
+    spec: Manifest = {"queueName": queue, "podSets": [
+        {"name": "main", "count": count, "template": _pod_template(cpu)}]}
+    if priority is not None:
+        spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
+                                    "name": priority[0]}
+        spec["priority"] = priority[1]
+    return {"apiVersion": KUEUE, "kind": "Workload", "metadata": {"name": name}, "spec": spec}
 
 
 def make_job(name: str, *, queue: str | None, cpu: str) -> Manifest:
@@ -168,16 +185,29 @@ class KueueQueues:
         self.created.append(f"{path}/{manifest['metadata']['name']}")
         return made
 
-    def make_queue(self, *, cpu: str, name: str = "main", cohort: str | None = COHORT) -> str:
-        """A ResourceFlavor, a ClusterQueue with `cpu` of quota and a LocalQueue `name` over it;
-        returns the LocalQueue's name. Cluster-scoped names carry the namespace's."""
+    def make_queue(self, *, cpu: str, name: str = "main", cohort: str | None = COHORT,
+                   memory: str | None = None, node_labels: dict[str, str] | None = None,
+                   preemption: Manifest | None = None) -> str:
+        """A ResourceFlavor (with `node_labels`), a ClusterQueue with `cpu` (and `memory`) of
+        quota and a LocalQueue `name` over it; returns the LocalQueue's name. Cluster-scoped
+        names carry the namespace's."""
         unique = f"{self.namespace}-{name}"
-        self._create_cluster_scoped("resourceflavors", make_resource_flavor(unique))
+        quota = {"cpu": cpu, **({"memory": memory} if memory else {})}
+        self._create_cluster_scoped("resourceflavors", make_resource_flavor(unique, node_labels))
         self._create_cluster_scoped("clusterqueues", make_cluster_queue(
-            unique, flavor=unique, quota={"cpu": cpu}, cohort=cohort))
+            unique, flavor=unique, quota=quota, cohort=cohort, preemption=preemption))
         self.kube.request("POST", namespaced(KUEUE, self.namespace, "localqueues"),
                           body=make_local_queue(name, self.namespace, cluster_queue=unique))
         return name
+
+    def make_priority_class(self, name: str, value: int) -> str:
+        """A WorkloadPriorityClass (its name carries the namespace's); returns its name."""
+        unique = f"{self.namespace}-{name}"
+        self._create_cluster_scoped("workloadpriorityclasses", make_priority_class(unique, value))
+        return unique
+
+    def workloads(self) -> list[Manifest]:
+        return self.kube.list(namespaced(KUEUE, self.namespace, "workloads"))
 
     def create_workload(self, manifest: Manifest) -> Manifest:
         return self.kube.request("POST", namespaced(KUEUE, self.namespace, "workloads"),

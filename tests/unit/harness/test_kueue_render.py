@@ -74,6 +74,7 @@ def test_the_managers_config_matches_the_webhooks_namespaces(kueue: ModuleType) 
     assert config["leaderElection"] == {"leaderElect": False}
     assert config["webhook"] == {"host": "127.0.0.1", "port": 1, "certDir": "/c"}
     assert config["integrations"]["frameworks"] == ["batch/job", "pod"]
+    assert config["integrations"]["externalFrameworks"] == ["TrainingJob.v1alpha1.elastrain.dev"]
 
 
 def _crd(plural: str) -> dict[str, Any]:

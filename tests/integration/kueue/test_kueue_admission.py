@@ -1,0 +1,209 @@
+"""TrainingJobs under real Kueue (v0.17.0) and the real apiserver, with the operator as a process:
+queued until admitted, partial admission, preemption that stops the pods and releases the quota
+before Kueue admits the preemptor, the namespace's `default` LocalQueue and Kueue's pod
+integration. No kubelet: the tests drive pod status as the operator tier does (FakeKubelet
+confirms deletions), so a worker's save on SIGTERM is the e2e tier's to show."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_operator.k8s.client import namespaced
+from tests.integration.kueue.fixtures import (
+    QUEUE_LABEL,
+    KueueQueues,
+    admitted,
+    condition,
+    is_true,
+    make_workload,
+    tried,
+    wait_for,
+)
+from tests.integration.operator.conftest import GROUP_VERSION, Cluster, FakeKubelet, Operator
+
+pytestmark = pytest.mark.cluster
+Manifest = dict[str, Any]
+POOL = "elastrain.dev/test-pool"  # the flavors' node label
+# Each worker asks for 500m; the store pod for 50m (render.rendezvous.STORE_RESOURCES).
+WORKER = {"requests": {"cpu": "500m", "memory": "64Mi"}}
+
+
+@pytest.fixture
+def kcluster(kueue_queues: KueueQueues, crd: Any) -> Iterator[Cluster]:
+    """The operator tier's Cluster helper over the Kueue namespace, with its fake kubelet."""
+    kubelet = FakeKubelet(kueue_queues.kube, kueue_queues.namespace)
+    kubelet.thread.start()
+    try:
+        cluster = Cluster(kueue_queues.kube, kueue_queues.namespace, crd)
+        cluster.kubelet = kubelet
+        yield cluster
+    finally:
+        kubelet.stop.set()
+        kubelet.thread.join(5)
+
+
+@pytest.fixture
+def kueue_operator(kcluster: Cluster, crd: Any, tmp_path: Path,
+                   request: pytest.FixtureRequest) -> Iterator[Operator]:
+    """The operator, started after Kueue's API is served (it probes for it at startup)."""
+    op = Operator(Path(crd.kubeconfig), kcluster.ns, tmp_path)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        report = getattr(request.node, "kueue_call_report", None)
+        if report is not None and report.failed:
+            print(f"--- operator logs ---\n{op.logs()[-20000:]}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.kueue_call_report = report  # type: ignore[attr-defined]
+    return report
+
+
+def create_job(cluster: Cluster, name: str, *, labels: dict[str, str] | None = None,
+               **spec: Any) -> Manifest:
+    body = {"apiVersion": GROUP_VERSION, "kind": "TrainingJob",
+            "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"image": "trainer:dev", "recovery": {"mode": "Restart"},
+                     "resources": WORKER, **spec}}
+    return cluster.kube.request("POST", cluster.job_path(), body=body)
+
+
+def workload_of(kq: KueueQueues, job: str) -> Manifest | None:
+    """The Workload the operator made for `job` (owned by it)."""
+    for wl in kq.workloads():
+        if any(o["kind"] == "TrainingJob" and o["name"] == job
+               for o in wl["metadata"].get("ownerReferences", [])):
+            return wl
+    return None
+
+
+def all_pods(cluster: Cluster, job: str) -> dict[str, Manifest]:
+    return {**cluster.pods(job), **cluster.pods(job, role="rdzv-store")}
+
+
+def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_flavor(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    queue = kq.make_queue(cpu="2", memory="8Gi", node_labels={POOL: "a"})
+    blocker = kq.create_workload(make_workload("blocker", queue=queue, cpu="2"))
+    wait_for("the blocker admitted", lambda: admitted(kq.workload(blocker["metadata"]["name"])))
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue}, replicas=2, minReplicas=2)
+    wl = wait_for("the job's Workload tried by Kueue", lambda: tried(workload_of(kq, "demo")))
+    assert condition(wl, "QuotaReserved")["status"] == "False"  # type: ignore[index]
+    sets = {s["name"]: s for s in wl["spec"]["podSets"]}
+    assert (sets["workers"]["count"], sets["store"]["count"]) == (2, 1)
+    assert "minCount" not in sets["workers"] and "spares" not in sets
+    assert wl["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"]
+    assert wl["metadata"]["ownerReferences"][0]["controller"] is True
+    wait_for("the job Queued", lambda: kcluster.status("demo").get("phase") == "Queued")
+    # The operator has seen the Workload Kueue tried, and still created nothing.
+    assert all_pods(kcluster, "demo") == {}
+    assert kcluster.condition("Admitted")["reason"] == "Queued"
+    queued = kcluster.status("demo")["queue"]
+    assert (queued["name"], queued["state"]) == (queue, "Queued")
+    assert "insufficient" in queued["message"] or "quota" in queued["message"], queued
+
+    kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "blocker"))
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    pods = wait_for("the store pod too", lambda: (p := all_pods(kcluster, "demo")) and
+                    len(p) == 3 and p)
+    for pod in pods.values():
+        assert pod["spec"]["nodeSelector"][POOL] == "a", pod["metadata"]["name"]
+    status = kcluster.status("demo")
+    assert (status["queue"]["state"], status["queue"]["admittedWorkers"]) == ("Admitted", 2)
+    assert kcluster.condition("Admitted")["status"] == "True"
+    kcluster.run_all("demo")
+    wait_for("PodsReady on the Workload",
+             lambda: is_true(workload_of(kq, "demo"), "PodsReady") or None)
+
+
+def test_partial_admission_starts_the_job_with_the_workers_that_fit(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    # Two workers and the store fit (1050m), four do not.
+    queue = kq.make_queue(cpu="1100m", memory="8Gi")
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue}, replicas=4, minReplicas=2,
+               maxReplicas=4)
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    wl = workload_of(kq, "demo")
+    assert wl is not None and is_true(wl, "Admitted")
+    assert {s["name"]: s.get("minCount") for s in wl["spec"]["podSets"]}["workers"] == 2
+    counts = {a["name"]: a.get("count") for a in wl["status"]["admission"]["podSetAssignments"]}
+    assert counts["workers"] == 2
+    status = wait_for("the admitted size in status", lambda: (s := kcluster.status("demo"))
+                      .get("queue", {}).get("admittedWorkers") == 2 and s)
+    assert status["replicas"] == 2
+    assert sorted(kcluster.worker_names("demo")) == ["demo-worker-0-0", "demo-worker-1-0"]
+
+
+def test_a_preempted_job_stops_releases_its_quota_and_resumes_when_admitted_again(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    low = kq.make_priority_class("low", 100)
+    high = kq.make_priority_class("high", 1000)
+    queue = kq.make_queue(cpu="1100m", memory="8Gi",
+                          preemption={"withinClusterQueue": "LowerPriority"})
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, "kueue.x-k8s.io/priority-class": low},
+               replicas=2, minReplicas=2)
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    wl = workload_of(kq, "demo")
+    assert wl is not None and wl["spec"]["priority"] == 100
+    kcluster.run_all("demo")
+    wait_for("the job Running", lambda: kcluster.status("demo").get("phase") == "Running")
+
+    kq.create_workload(make_workload("urgent", queue=queue, cpu="1", priority=(high, 1000)))
+    # Kueue admits the preemptor only once the victim's quota is released, which the
+    # operator does once the job's pods are gone.
+    wait_for("the preemptor admitted", lambda: admitted(kq.workload("urgent")), timeout=90)
+    assert all_pods(kcluster, "demo") == {}
+    wl = workload_of(kq, "demo")
+    assert wl is not None and wl["status"].get("admission") is None
+    assert condition(wl, "Requeued")["status"] == "True"  # type: ignore[index]
+    assert condition(wl, "Evicted")["reason"] == "Preempted"  # type: ignore[index]
+    wait_for("the job Queued", lambda: kcluster.status("demo").get("phase") == "Queued")
+    assert {e["reason"] for e in kcluster.events("EvictedByKueue") +
+            kcluster.events("QuotaReleased")} == {"EvictedByKueue", "QuotaReleased"}
+
+    kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "urgent"))
+    kcluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"], timeout=60)
+    status = kcluster.status("demo")
+    assert (status["preemptions"], status["restarts"]) == (0, 0)
+    assert status["queue"]["state"] == "Admitted"
+
+
+def test_the_default_local_queue_queues_new_jobs_and_kueue_leaves_their_pods_alone(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    create_job(kcluster, "before", replicas=1, minReplicas=1)  # no LocalQueue `default` yet
+    kcluster.wait_workers(["before-worker-0-0"], job="before")
+    kq.make_queue(cpu="4", memory="8Gi", name="default")
+    create_job(kcluster, "after", replicas=2, minReplicas=2)
+    kcluster.wait_workers(["after-worker-0-0", "after-worker-1-0"], job="after")
+    job = kcluster.job("after")
+    assert job is not None and job["metadata"]["labels"][QUEUE_LABEL] == "default"
+    wl = workload_of(kq, "after")
+    assert wl is not None and wl["spec"]["queueName"] == "default"
+    # Kueue's pod integration saw a managed owner: no gate, no Workload of its own per pod.
+    for pod in all_pods(kcluster, "after").values():
+        assert not pod["spec"].get("schedulingGates"), pod["metadata"]["name"]
+        assert "kueue.x-k8s.io/managed" not in pod["metadata"].get("labels", {})
+    assert [w["metadata"]["name"] for w in kq.workloads()] == [wl["metadata"]["name"]]
+    # The job that ran before the LocalQueue stays outside Kueue; a replacement pod of it is
+    # gated by Kueue's pod integration, which the job says.
+    assert workload_of(kq, "before") is None
+    kcluster.exit("before-worker-0-0", 1)
+    kcluster.wait_workers(["before-worker-0-1"], job="before", timeout=90)
+    cond = wait_for("the gate reported", lambda: (x := kcluster.condition("Admitted", "before"))
+                    .get("reason") == "PodsGatedByKueue" and x)
+    assert "externalFrameworks" in cond["message"] and "before-worker-0-1" in cond["message"]
+
