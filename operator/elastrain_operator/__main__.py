@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         notice_taints, notices_off = None, why
     if notice_taints is not None:
         handlers.watch_nodes()
-    kueue = _kueue_served()
+    kueue = _kueue_on(os.environ) and _kueue_served()
     if kueue:
         handlers.watch_kueue()
 
@@ -95,6 +95,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         memo=kopf.Memo(options=options, state=OperatorState()),
     )
     return 0
+
+
+def _kueue_on(env: os._Environ[str] | dict[str, str]) -> bool:
+    """The chart's kueue.enabled (ELASTRAIN_KUEUE, default true): false ignores Kueue."""
+    return env.get("ELASTRAIN_KUEUE", "true").strip().lower() != "false"
 
 
 def _kueue_served() -> bool:

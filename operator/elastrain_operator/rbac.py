@@ -17,6 +17,11 @@ Each rule says where it is granted and when it is needed at all:
   namespace otherwise.
 - `peering`: only with kopf peering; `--standalone` touches no peering object.
 - `notices`: only when the operator reads node notices (policy.notices).
+- `kueue`: only when the operator takes part in Kueue's admission (policy.kueue, the chart's
+  `kueue.enabled`): each queued job's Workload (created, its status written on eviction and
+  readiness, its finalizer removed), the LocalQueues (which namespaces have a `default`), and
+  cluster-wide the ResourceFlavors an admission names and the priority classes a Workload is
+  ordered by (read only).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Rule(NamedTuple):
     mode: Mode | None = None  # None: needed in both modes
     peering: bool = False  # needed only with kopf peering
     notices: bool = False  # needed only when node notices are read
+    kueue: bool = False  # needed only when Kueue's admission is followed
 
 
 RULES: Final[tuple[Rule, ...]] = (
@@ -65,12 +71,25 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(("",), ("namespaces",), ("list", "watch"), cluster_scoped=True, mode="namespaced"),
     # Node notices: a cordon or a listed taint on a worker's node (k8s.nodes), in both modes.
     Rule(("",), ("nodes",), ("list", "watch"), cluster_scoped=True, notices=True),
+    # Kueue (k8s.kueue): the jobs' Workloads and the namespaces' LocalQueues, then read only
+    # what admissions and priorities name.
+    Rule(("kueue.x-k8s.io",), ("workloads",), ("get", "list", "watch", "create", "patch"),
+         kueue=True),
+    Rule(("kueue.x-k8s.io",), ("workloads/status",), ("patch",), kueue=True),
+    Rule(("kueue.x-k8s.io",), ("localqueues",), ("list", "watch"), kueue=True),
+    Rule(("kueue.x-k8s.io",), ("resourceflavors",), ("get", "list", "watch"),
+         cluster_scoped=True, kueue=True),
+    Rule(("kueue.x-k8s.io",), ("workloadpriorityclasses",), ("get",), cluster_scoped=True,
+         kueue=True),
+    Rule(("scheduling.k8s.io",), ("priorityclasses",), ("get",), cluster_scoped=True,
+         kueue=True),
 )
 
 
-def rules_for(mode: Mode, *, peering: bool, notices: bool = True) -> tuple[Rule, ...]:
+def rules_for(mode: Mode, *, peering: bool, notices: bool = True,
+              kueue: bool = True) -> tuple[Rule, ...]:
     """The rules an operator in `mode` (with or without kopf peering, reading node notices or
-    not) needs."""
+    not, following Kueue or not) needs."""
     return tuple(r for r in RULES
                  if r.mode in (None, mode) and (peering or not r.peering)
-                 and (notices or not r.notices))
+                 and (notices or not r.notices) and (kueue or not r.kueue))

@@ -32,6 +32,18 @@ namespace is watched); cluster-scoped rules always need a ClusterRole.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+# Kueue: each queued job's Workload (created, its status and finalizer kept), the LocalQueues.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- if and $namespaces .Values.peering.enabled }}
 # kopf peering in each watched namespace.
 - apiGroups: ["kopf.dev"]
@@ -62,5 +74,17 @@ namespace is watched); cluster-scoped rules always need a ClusterRole.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
+{{- end }}
+{{- if .Values.kueue.enabled }}
+# Kueue: the flavors an admission names and the classes a Workload is ordered by (read only).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
 {{- end }}
 {{- end -}}
