@@ -6,7 +6,7 @@ rendezvous store (and why it is not Ready, from the RendezvousStoreReady conditi
 trainer's progress, last checkpoint
 and checkpoint health, the newest resume that skipped a damaged checkpoint (what, why, from
 which step training resumed, the steps lost), both budgets, the recent counted losses and how
-long training took to run again after the newest of them.
+long training took to run again after the newest of them, and where Kueue has the job.
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def _header(job: TrainingJob) -> list[str]:
            else "every worker restarts from the newest checkpoint")
     chosen = "" if spec.recovery.mode is not None else ", spec.recovery.mode unset"
     lines.append(f"Recovery: {spec.recovery_mode} ({how}{chosen})")
+    if s.queue is not None:
+        q = s.queue
+        admitted = "" if q.admitted_workers is None else f", {q.admitted_workers} workers"
+        lines.append(f"Kueue: {q.state} in LocalQueue {q.name} (Workload {q.workload}"
+                     f"{admitted}): {q.message}")
     if spec.spares:
         lines.append(f"Spares: {s.ready_spares or 0} ready of {spec.spares} (warm: each takes a "
                      "lost worker's place at the next step)")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from elastrain_operator.describe import describe_job
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import QueueStatus
@@ -206,6 +207,8 @@ def test_no_pod_before_admission_and_the_workload_is_created_once() -> None:
     p = kplan(w, workload(cond("QuotaReserved", False, "Pending", "no quota")))
     assert p.create_workload is None and w.pods == {}
     assert w.status["queue"]["message"].endswith("no quota")
+    assert "Kueue: Queued in LocalQueue team (Workload trainingjob-demo-" in describe_job(
+        w.job, [])
 
 
 def test_admitted_the_job_runs_the_admitted_workers_on_the_flavor() -> None:
