@@ -1,9 +1,10 @@
 """The planner: a TrainingJob and its observed children -> the status and the children it needs.
 
 Reads as the steps of one reconcile, each a pure function of its inputs and `now`:
-1. account: count each lost worker once (slot attempts, see WorkerSlot), retire slots that a
-   scale-down or a suspend no longer wants; a worker lost to a rendezvous store that has never
-   been Ready is the store's loss, neither preemption nor failure (policy.store);
+1. account (policy.accounting): count each lost worker once (slot attempts, see WorkerSlot),
+   retire slots that a scale-down, a suspend or Kueue's hold (policy.kueue) no longer wants; a
+   worker lost to a rendezvous store that has never been Ready is the store's loss, neither
+   preemption nor failure (policy.store);
    a job that completed no step for spec.hangTimeoutSeconds restarts its workers as one counted
    failure (policy.hang);
 2. decide: a worker's configuration error (no restart can fix it), budget spent, deadline
@@ -31,8 +32,6 @@ Succeeded while its peers still run does not end the job.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -42,16 +41,12 @@ from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import (
     Phase,
     TrainingRecovery,
-    WorkerLoss,
     WorkerSlot,
 )
+from elastrain_operator.policy.accounting import account
 from elastrain_operator.policy.failures import (
-    DISRUPTION_REASONS,
     Exit,
-    WorkerPod,
     classify_pod_exit,
-    configuration_error,
-    describe_exit,
     finish_warning,
 )
 from elastrain_operator.policy.fallback import newest_fallback
@@ -73,9 +68,8 @@ from elastrain_operator.policy.progress import (
     merge_progress,
 )
 from elastrain_operator.policy.replace import hung_condition, replace_planned_out, restart_if_hung
-from elastrain_operator.policy.restarts import backoff_until, exhausted_budget
+from elastrain_operator.policy.restarts import exhausted_budget
 from elastrain_operator.policy.round import (
-    MAX_RECENT_LOSSES,
     Observed,
     Plan,
     Round,
@@ -96,9 +90,7 @@ from elastrain_operator.policy.status import (
 from elastrain_operator.policy.store import (
     StorePod,
     StoreReadiness,
-    count_store_loss,
     derive_store_readiness,
-    is_lost_to_store,
     store_hold,
     store_timed_out,
     track_store,
@@ -111,113 +103,6 @@ from elastrain_operator.render.service import render_worker_service
 from elastrain_operator.render.workers import render_worker_pod
 
 __all__ = ["Observed", "Plan", "StorePod", "current_pods", "plan"]
-
-
-def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
-    grouped: dict[int, list[WorkerPod]] = defaultdict(list)
-    for pod in workers:
-        grouped[pod.index].append(pod)
-    return grouped
-
-
-def _count_loss(r: Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
-                slot: WorkerSlot, now: datetime) -> WorkerSlot:
-    preempted = exit_ is Exit.PREEMPTED
-    why = describe_exit(pod)
-    # Dated by the pod (never later than now: clocks of kubelet and operator may differ).
-    lost_at = min(pod.lost_at, now) if pod.lost_at is not None else now
-    loss = WorkerLoss(index=pod.index, pod=pod.name, kind="Preempted" if preempted else "Failed",
-                      reason=why, exit_code=pod.exit_code, time=lost_at)
-    acct = r.acct
-    if preempted:
-        r.counted_preemptions += 1
-        acct = replace(acct, preemptions=acct.preemptions + 1, last_loss_reason=c.WORKER_PREEMPTED)
-        r.events.append(EventSpec("Warning", c.WORKER_PREEMPTED,
-                                  f"worker {pod.index} (pod {pod.name}) preempted: {why}"))
-        after = None
-    elif config := configuration_error(pod):
-        # No restart could fix it: not counted, no backoff; _decide_terminal fails the job.
-        after = None
-        r.config_error = r.config_error or f"worker {pod.index} (pod {pod.name}): {config}"
-        r.events.append(EventSpec("Warning", c.CONFIGURATION_ERROR,
-                                  f"worker {pod.index} (pod {pod.name}) failed: {why}"))
-        # Recorded among the losses, but nothing is being replaced (not Restarting).
-        r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:])
-        return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": None})
-    else:
-        r.counted_restarts += 1
-        restarts = acct.restarts + 1
-        after = backoff_until(job.spec.restart_policy, restarts, now)
-        acct = replace(acct, restarts=restarts, last_loss_reason=c.WORKER_FAILED,
-                       backoff_until=after or acct.backoff_until)
-        r.events.append(EventSpec("Warning", c.WORKER_FAILED,
-                                  f"worker {pod.index} (pod {pod.name}) failed: {why}"))
-    r.acct = replace(acct, losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],
-                     recovering_since=min(acct.recovering_since or lost_at, lost_at))
-    # A move under way goes on: the old pod still trains (policy.notices).
-    return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": after})
-
-
-def _count_store_loss(r: Round, job: TrainingJob, pod: WorkerPod, slot: WorkerSlot,
-                      now: datetime) -> WorkerSlot:
-    """A worker lost to a store never Ready: not counted; replaced after the store's backoff."""
-    assert r.acct.store is not None
-    store = count_store_loss(r.acct.store, job.spec.restart_policy, now)
-    r.acct = replace(r.acct, store=store)
-    after = (f"after {store.replace_after.isoformat()} or " if store.replace_after else "")
-    r.events.append(EventSpec(
-        "Warning", c.WAITING_FOR_STORE,
-        f"worker {pod.index} (pod {pod.name}) lost the rendezvous store "
-        f"{store_name(job.metadata.name)}, which has not been Ready since "
-        f"{store.created.isoformat()}: not counted as a preemption; replaced {after}"
-        "once the store is Ready"))
-    return slot.model_copy(update={"attempt": slot.attempt + 1, "replace_after": None})
-
-
-def _account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
-             counting: bool, now: datetime) -> None:
-    """Raise the attempt of every slot whose current pod is lost (counting it) or retired."""
-    slots = {s.index: s for s in r.acct.slots}
-    grouped = _by_slot(observed.workers)
-    for index in sorted(set(slots) | set(grouped)):
-        slot = slots.get(index) or WorkerSlot(index=index)
-        # A pod on its way out is no evidence: a move undone (policy.notices) deletes the
-        # newer attempt's pod and goes back to the older one.
-        newest = max((p.attempt for p in grouped.get(index, []) if not p.deleting), default=-1)
-        if newest > slot.attempt:  # the status lost a write someone made; trust the pods
-            slot = slot.model_copy(update={"attempt": newest, "replace_after": None})
-        current = next((p for p in grouped.get(index, []) if p.attempt == slot.attempt), None)
-        if current is not None and index >= pods:
-            slot = WorkerSlot(index=index, attempt=slot.attempt + 1)  # retired: no move either
-        elif current is not None and counting:
-            exit_ = classify_pod_exit(current)
-            if exit_ is Exit.PREEMPTED and is_lost_to_store(current, r.acct.store):
-                slot = _count_store_loss(r, job, current, slot, now)
-            elif exit_ in (Exit.PREEMPTED, Exit.FAILED):
-                slot = _count_loss(r, job, current, exit_, slot, now)
-        if slot.moving_from and counting and index < pods:
-            slot = _count_moving_loss(r, job, grouped.get(index, []), slot, now)
-        slots[index] = slot
-    r.acct = replace(r.acct, slots=tuple(slots[i] for i in sorted(slots)))
-
-
-def _count_moving_loss(r: Round, job: TrainingJob, pods: Sequence[WorkerPod], slot: WorkerSlot,
-                       now: datetime) -> WorkerSlot:
-    """A move's old pod (policy.notices) taken before its replacement joined: evicted by a
-    drain, its node's taint manager, or failed on its own. Counted once, as any lost worker
-    (the world did shrink); its replacement already exists, so the slot keeps its attempt and
-    the move ends. A pod this operator asked to leave ends without a disruption: not a loss."""
-    old = next((p for p in pods if p.name == slot.moving_from), None)
-    if old is None:
-        return slot
-    taken = (old.disruption_reason or old.status_reason in DISRUPTION_REASONS
-             or (old.phase == "Failed" and not old.deleting))
-    if not taken:
-        return slot
-    exit_ = Exit.FAILED if old.phase == "Failed" and not old.disruption_reason \
-        else Exit.PREEMPTED
-    after = _count_loss(r, job, old, exit_, slot, now)
-    return slot.model_copy(update={"moving_from": None, "replace_after": after.replace_after})
 
 
 def _counts(job: TrainingJob, r: Round, observed: Observed, *, desired: int,
@@ -412,7 +297,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     store = derive_store_readiness(observed.store)
     finishing = _is_finishing(r, observed, pods)
     if not terminal_already:
-        _account(r, job, observed, pods=pods, counting=not (finishing or blocking), now=now)
+        account(r, job, observed, pods=pods, counting=not (finishing or blocking), now=now)
     reports = _reports(observed)
     training = member_reports(reports)  # a waiting spare's report says nothing of training
     hung = None
