@@ -43,6 +43,7 @@ from elastrain_operator.render.workload import (
     place,
     render_workload,
     update_placement,
+    with_admitted_workers,
     workload_name,
 )
 
@@ -304,9 +305,12 @@ def place_pods(create: Sequence[Manifest], job: TrainingJob,
         if manifest["kind"] != "Pod":
             placed.append(manifest)
             continue
+        pod_set = pod_set_of(manifest, job)
+        if pod_set != STORE and gate.workers is not None \
+                and gate.workers < job.spec.desired_workers:
+            manifest = with_admitted_workers(manifest, gate.workers)
         try:
-            placed.append(place(manifest, gate.placement.get(pod_set_of(manifest, job),
-                                                             Placement())))
+            placed.append(place(manifest, gate.placement.get(pod_set, Placement())))
         except ValueError as err:
             events.append(EventSpec("Warning", c.CREATE_FAILED,
                                     f"pod {manifest['metadata']['name']}: {err}"))

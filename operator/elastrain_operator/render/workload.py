@@ -154,3 +154,14 @@ def place(pod: Manifest, placement: Placement) -> Manifest:
     if placement.annotations:
         metadata["annotations"] = {**placement.annotations, **metadata.get("annotations", {})}
     return {**pod, "metadata": metadata, "spec": spec}
+
+
+def with_admitted_workers(pod: Manifest, workers: int) -> Manifest:
+    """A worker pod told the admitted world (partial admission): an in-process job's first
+    generation waits for ELASTRAIN_REPLICAS nodes, which must not be more than were admitted."""
+    containers = []
+    for container in pod["spec"]["containers"]:
+        env = [{**e, "value": str(workers)} if e.get("name") == "ELASTRAIN_REPLICAS" else e
+               for e in container.get("env") or []]
+        containers.append({**container, "env": env})
+    return {**pod, "spec": {**pod["spec"], "containers": containers}}

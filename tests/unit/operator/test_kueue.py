@@ -219,6 +219,9 @@ def test_admitted_the_job_runs_the_admitted_workers_on_the_flavor() -> None:
     for pod in w.pods.values():
         assert pod["spec"]["nodeSelector"]["pool"] == "spot", pod["metadata"]["name"]
     assert (w.status["replicas"], w.status["queue"]["admittedWorkers"]) == (3, 3)
+    for name in w.workers():  # the first generation waits for no more nodes than admitted
+        env = {e["name"]: e.get("value") for e in w.pods[name]["spec"]["containers"][0]["env"]}
+        assert env["ELASTRAIN_REPLICAS"] == "3", name
     assert w.condition(c.ADMITTED)["status"] == "True"
     assert any(e.reason == c.ADMITTED_BY_KUEUE for e in kplan(w, workload(*ADMITTED, workers=3))
                .events) is False  # announced once, on the transition
