@@ -30,6 +30,8 @@ Manifest = dict[str, Any]
 POOL = "elastrain.dev/test-pool"  # the flavors' node label
 # Each worker asks for 500m; the store pod for 50m (render.rendezvous.STORE_RESOURCES).
 WORKER = {"requests": {"cpu": "500m", "memory": "64Mi"}}
+# The first pods wait for the operator's start (its imports: ~30 s on a loaded 2-core machine).
+STARTED = 120
 
 
 @pytest.fixture
@@ -98,7 +100,8 @@ def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_fl
     blocker = kq.create_workload(make_workload("blocker", queue=queue, cpu="2"))
     wait_for("the blocker admitted", lambda: admitted(kq.workload(blocker["metadata"]["name"])))
     create_job(kcluster, "demo", labels={QUEUE_LABEL: queue}, replicas=2, minReplicas=2)
-    wl = wait_for("the job's Workload tried by Kueue", lambda: tried(workload_of(kq, "demo")))
+    wl = wait_for("the job's Workload tried by Kueue", lambda: tried(workload_of(kq, "demo")),
+                  timeout=STARTED)
     assert condition(wl, "QuotaReserved")["status"] == "False"  # type: ignore[index]
     sets = {s["name"]: s for s in wl["spec"]["podSets"]}
     assert (sets["workers"]["count"], sets["store"]["count"]) == (2, 1)
@@ -114,7 +117,7 @@ def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_fl
     assert "insufficient" in queued["message"] or "quota" in queued["message"], queued
 
     kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "blocker"))
-    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
     pods = wait_for("the store pod too", lambda: (p := all_pods(kcluster, "demo")) and
                     len(p) == 3 and p)
     for pod in pods.values():
@@ -134,7 +137,7 @@ def test_partial_admission_starts_the_job_with_the_workers_that_fit(
     queue = kq.make_queue(cpu="1100m", memory="8Gi")
     create_job(kcluster, "demo", labels={QUEUE_LABEL: queue}, replicas=4, minReplicas=2,
                maxReplicas=4)
-    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
     wl = workload_of(kq, "demo")
     assert wl is not None and is_true(wl, "Admitted")
     assert {s["name"]: s.get("minCount") for s in wl["spec"]["podSets"]}["workers"] == 2
@@ -155,7 +158,7 @@ def test_a_preempted_job_stops_releases_its_quota_and_resumes_when_admitted_agai
                           preemption={"withinClusterQueue": "LowerPriority"})
     create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, "kueue.x-k8s.io/priority-class": low},
                replicas=2, minReplicas=2)
-    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"])
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
     wl = workload_of(kq, "demo")
     assert wl is not None and wl["spec"]["priority"] == 100
     kcluster.run_all("demo")
@@ -185,18 +188,18 @@ def test_the_default_local_queue_queues_new_jobs_and_kueue_leaves_their_pods_alo
         kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
     kq = kueue_queues
     create_job(kcluster, "before", replicas=1, minReplicas=1)  # no LocalQueue `default` yet
-    kcluster.wait_workers(["before-worker-0-0"], job="before")
+    kcluster.wait_workers(["before-worker-0-0"], job="before", timeout=STARTED)
     kq.make_queue(cpu="4", memory="8Gi", name="default")
     create_job(kcluster, "after", replicas=2, minReplicas=2)
-    kcluster.wait_workers(["after-worker-0-0", "after-worker-1-0"], job="after")
-    job = kcluster.job("after")
-    assert job is not None and job["metadata"]["labels"][QUEUE_LABEL] == "default"
-    wl = workload_of(kq, "after")
-    assert wl is not None and wl["spec"]["queueName"] == "default"
+    kcluster.wait_workers(["after-worker-0-0", "after-worker-1-0"], job="after", timeout=STARTED)
     # Kueue's pod integration saw a managed owner: no gate, no Workload of its own per pod.
     for pod in all_pods(kcluster, "after").values():
         assert not pod["spec"].get("schedulingGates"), pod["metadata"]["name"]
         assert "kueue.x-k8s.io/managed" not in pod["metadata"].get("labels", {})
+    job = kcluster.job("after")
+    assert job is not None and job["metadata"]["labels"][QUEUE_LABEL] == "default"
+    wl = workload_of(kq, "after")
+    assert wl is not None and wl["spec"]["queueName"] == "default"
     assert [w["metadata"]["name"] for w in kq.workloads()] == [wl["metadata"]["name"]]
     # The job that ran before the LocalQueue stays outside Kueue; a replacement pod of it is
     # gated by Kueue's pod integration, which the job says.
