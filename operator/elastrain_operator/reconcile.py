@@ -48,7 +48,7 @@ from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.round import Observed
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
-from elastrain_operator.probe import poll_progress, told_moving, told_replicas
+from elastrain_operator.probe import poll_progress, told_lost, told_moving, told_replicas
 from elastrain_operator.render.control import controlled, render_control_secret
 from elastrain_operator.render.network import MetricsPeers
 
@@ -120,7 +120,8 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
             observed.workers, spec.metrics_port, told_replicas(spec),
-            token=control_token(options, cached.job), moving=told_moving(cached.job.status)))
+            token=control_token(options, cached.job), moving=told_moving(cached.job.status),
+            lost=told_lost(observed.workers, observed.lost_nodes)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -200,7 +201,9 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
             polled.append(poll_progress(observed.workers, job.spec.metrics_port,
                                         told_replicas(job.spec),
                                         token=control_token(options, job),
-                                        moving=told_moving(job.status)))
+                                        moving=told_moving(job.status),
+                                        lost=told_lost(observed.workers,
+                                                       observed.lost_nodes)))
         observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:
@@ -244,7 +247,8 @@ def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Obser
     moving = told_moving(status)
     if token is not None and set(moving) - set(told_moving(job.status)):
         poll_progress(observed.workers, job.spec.metrics_port, told_replicas(job.spec),
-                      token=token, moving=moving)
+                      token=token, moving=moving,
+                      lost=told_lost(observed.workers, observed.lost_nodes))
 
 
 def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:
