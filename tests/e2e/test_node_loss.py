@@ -164,7 +164,10 @@ def two(operator: NodeCluster, namespace_pool: NamespacePool) -> Iterator[TwoNod
     with added_second_node(operator, images=("pause", "operator", "trainer")) as second:
         k = operator.kubectl
         ns = namespace_pool.take()
+        # A grace long enough for the doomed trainer of scenario 2 to hold its leave until its
+        # replacement (a new pod: its start, torch's import, the model) waits beside it.
         job = make_job(JOB, ns, image=operator.images["trainer"], steps=100_000, replicas=2,
+                       grace_seconds=120,
                        s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
                        restartPolicy={"maxRestarts": 6, "backoffSeconds": 1},
                        recovery={"mode": INPROCESS},
