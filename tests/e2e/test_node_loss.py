@@ -19,6 +19,11 @@ workers, min 2; its store pinned to node 1), its worker 2 placed on node 2, the 
    until the replacement waits to take its place, then leaves: every step the trainers record
    after the taint is at world 3, none is trained twice, one preemption (the drain took the pod
    before the move was done), no failure.
+3. Node 2 partitioned (every packet to and from it dropped: no socket closes): the heartbeat
+   plans its worker out, the operator replaces it after the grace (a failure), and once the
+   partition lifts the dark worker ends without training beside the world: the store's plan
+   never names it again, and the bucket holds no commit of its generation made after the
+   world moved on.
 
 Placement without a node affinity of the job's: a NoSchedule taint of the test's own (HOLD, not
 a notice the operator reads) keeps the scheduler off one node while a pod is created.
@@ -313,3 +318,89 @@ def test_2_a_karpenter_notice_then_a_drain_keeps_the_world_at_full_size(two: Two
                     held_s=held[0].get("waited_s"))
     print(f"{doomed} moved off {t.second.name} by {replacement}: drained "
           f"{drained - at:.1f} s after the taint, held its leave {held[0].get('waited_s')} s")
+
+
+# Read in a survivor's pod (the job's NetworkPolicy lets only its own pods reach the store):
+# the store's current generation and its plan.
+READ_STORE = """
+import datetime, json, sys
+import torch.distributed as dist
+host, port, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = dist.TCPStore(host, port, is_master=False, use_libuv=True,
+                  timeout=datetime.timedelta(seconds=20))
+gen = int(s.get(prefix + "gen"))
+print(json.dumps({"gen": gen, "plan": json.loads(s.get(prefix + f"gen/{gen}/plan"))}))
+"""
+
+
+def store_plan(t: TwoNodeJob, pod: str) -> dict[str, Any]:
+    import json
+
+    uid = t.k.json("get", "trainingjob", t.job, "-n", t.ns)["metadata"]["uid"]
+    done = t.k("exec", pod, "-n", t.ns, "-c", "trainer", "--", "python3", "-c", READ_STORE,
+               f"{t.job}-store", "29400", f"elastrain/{uid}/", timeout=90)
+    read: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return read
+
+
+def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_lifts(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    dark = t.put_worker_2_on_node_2()
+    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    before = t.counters()
+    survivors = t.survivors()
+    at = time.time()
+    t.second.partition()
+    try:
+        # The heartbeat plans it out (no socket closed: the survivors sever theirs).
+        fail = wait_for("the world without the dark worker", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r["world_size"] == 2), None), timeout=60)
+        assert fail["reason"] == "fail" and fail["lost"] == [dark], fail
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=120)
+        joined = wait_for("the replacement in the world, healed from a peer", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r.get("node") == replacement and r.get("healed_from")
+             and r["world_size"] == 3), None), timeout=180)
+        assert t.counters() == (before[0], before[1] + 1)
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+        assert loss["reason"].startswith("planned out by the in-process world"), loss
+        assert pod_processes(uid), "the dark worker's processes ended while cut off"
+    finally:
+        t.second.heal()
+    healed = time.time()
+    # Lifted: its processes end (its sockets reset, it finds itself planned out; its pod was
+    # deleted, so its kubelet, back, stops it), and it never trained beside the world.
+    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    wait_for("20 steps after the heal", lambda: len(
+        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= 20, timeout=120)
+    after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
+    assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
+    assert not [r for r in t.logs.events("step") if r["pod"] == dark
+                and float(r["time"]) > float(fail["time"])]
+    assert t.counters() == (before[0], before[1] + 1)
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's trainer process was restarted"
+    # The store: its generation moved on, and no plan since names the dark worker's pod.
+    read = store_plan(t, next(iter(survivors)))
+    assert read["gen"] >= int(joined["gen"]), read
+    assert {n.rpartition(".")[0] or n for n in read["plan"]["nodes"]} == \
+        set(survivors) | {replacement}, read
+    # The bucket: no commit of the dark worker's generation after the world moved on, none
+    # fenced, `latest` the world's newest.
+    made, latest = commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"]], made
+    assert not [c for c in made if c["gen"] < int(fail["gen"]) and c["at"] > float(fail["time"])]
+    newest = max((c for c in made if not c["fenced"]), key=lambda c: c["at"])
+    assert latest == newest["dir"], (latest, newest)
+    record_recovery("34-partition", float(joined["time"]) - at, mode=INPROCESS, pod=dark,
+                    world_2_after_s=round(float(fail["time"]) - at, 1),
+                    ended_after_heal_s=round(time.time() - healed, 1))
+    print(f"{dark} partitioned: world 2 after {float(fail['time']) - at:.1f} s, {replacement} "
+          f"in the world after {float(joined['time']) - at:.1f} s")
