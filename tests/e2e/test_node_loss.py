@@ -280,6 +280,15 @@ def test_2_a_karpenter_notice_then_a_drain_keeps_the_world_at_full_size(two: Two
     survivors = t.survivors()
     at = time.time()
     t.k("taint", "node", t.second.name, f"{KARPENTER}=:NoSchedule", "--overwrite")
+    try:
+        _notice_then_drain(t, doomed, before, survivors, at)
+    finally:
+        t.k("taint", "node", t.second.name, f"{KARPENTER}:NoSchedule-", check=False)
+        t.k("uncordon", t.second.name)
+
+
+def _notice_then_drain(t: TwoNodeJob, doomed: str, before: tuple[int, int],
+                       survivors: dict[str, Incarnation], at: float) -> None:
     # The operator starts the move (a replacement created first, not counted), then the drain
     # comes at once through the Eviction API (kubectl drain evicts, after its own cordon), as
     # Karpenter's within seconds of its taint: before the replacement has even started.
@@ -353,6 +362,8 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
     before = t.counters()
     survivors = t.survivors()
+    # Its replacement, due before node 2 is NotReady, must not be placed on the cut-off node.
+    t.hold(t.second.name)
     at = time.time()
     t.second.partition()
     try:
@@ -374,6 +385,7 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
         assert pod_processes(uid), "the dark worker's processes ended while cut off"
     finally:
         t.second.heal()
+        t.release(t.second.name)
     healed = time.time()
     # Lifted: its processes end (its sockets reset, it finds itself planned out; its pod was
     # deleted, so its kubelet, back, stops it), and it never trained beside the world.
