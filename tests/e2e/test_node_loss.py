@@ -118,14 +118,17 @@ class TwoNodeJob(Training):
 
 
 def pod_processes(uid: str) -> list[int]:
-    """PIDs of every process in the pod's cgroup (either node: cgroupfs names it pod<uid>),
-    read from the host's /proc: what still runs of a pod whatever its kubelet knows."""
+    """PIDs of the trainer's processes (python: the launcher and its worker) in the pod's
+    cgroup (either node: cgroupfs names it pod<uid>), read from the host's /proc: what still
+    runs of a pod whatever its kubelet knows. The sandbox's pause process is not one: with no
+    kubelet to tear the sandbox down, it outlives the trainer."""
     marks = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if any(m in (entry / "cgroup").read_text() for m in marks):
+                if any(m in (entry / "cgroup").read_text() for m in marks) \
+                        and b"python" in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
     return found
 
