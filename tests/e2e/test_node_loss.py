@@ -326,19 +326,20 @@ def _notice_then_drain(t: TwoNodeJob, doomed: str, before: tuple[int, int],
     assert {n: t.survivors().get(n) for n in survivors} == survivors, \
         "a survivor's trainer process was restarted"
     record_recovery("34-notice-then-drain", float(joined["time"]) - at, mode=INPROCESS,
-                    pod=doomed, drained_after_s=round(drained - at, 1),
+                    pod=doomed, drain_done_s=round(drained - at, 1),
                     held_s=held[0].get("waited_s"))
-    print(f"{doomed} moved off {t.second.name} by {replacement}: drained "
-          f"{drained - at:.1f} s after the taint, held its leave {held[0].get('waited_s')} s")
+    print(f"{doomed} moved off {t.second.name} by {replacement}: the drain done "
+          f"{drained - at:.1f} s after the taint, the leave held {held[0].get('waited_s')} s")
 
 
 # Read in a survivor's pod (the job's NetworkPolicy lets only its own pods reach the store):
 # the store's current generation and its plan.
 READ_STORE = """
-import datetime, json, sys
+import datetime, json, os
 import torch.distributed as dist
-host, port, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-s = dist.TCPStore(host, port, is_master=False, use_libuv=True,
+host, _, port = os.environ["ELASTRAIN_STORE"].rpartition(":")
+prefix = f"elastrain/{os.environ['ELASTRAIN_RUN_ID']}/"
+s = dist.TCPStore(host, int(port), is_master=False, use_libuv=True,
                   timeout=datetime.timedelta(seconds=20))
 gen = int(s.get(prefix + "gen"))
 print(json.dumps({"gen": gen, "plan": json.loads(s.get(prefix + f"gen/{gen}/plan"))}))
@@ -346,11 +347,11 @@ print(json.dumps({"gen": gen, "plan": json.loads(s.get(prefix + f"gen/{gen}/plan
 
 
 def store_plan(t: TwoNodeJob, pod: str) -> dict[str, Any]:
+    """The job's store as the pod's trainer reaches it (ELASTRAIN_STORE, its run's prefix)."""
     import json
 
-    uid = t.k.json("get", "trainingjob", t.job, "-n", t.ns)["metadata"]["uid"]
     done = t.k("exec", pod, "-n", t.ns, "-c", "trainer", "--", "python3", "-c", READ_STORE,
-               f"{t.job}-store", "29400", f"elastrain/{uid}/", timeout=90)
+               timeout=90)
     read: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return read
 
