@@ -336,13 +336,13 @@ def _notice_then_drain(t: TwoNodeJob, doomed: str, before: tuple[int, int],
 # the store's current generation and its plan.
 READ_STORE = """
 import datetime, json, os
-import torch.distributed as dist
+from elastrain_trainer.inprocess.store import MembershipStore
 host, _, port = os.environ["ELASTRAIN_STORE"].rpartition(":")
-prefix = f"elastrain/{os.environ['ELASTRAIN_RUN_ID']}/"
-s = dist.TCPStore(host, int(port), is_master=False, use_libuv=True,
-                  timeout=datetime.timedelta(seconds=20))
-gen = int(s.get(prefix + "gen"))
-print(json.dumps({"gen": gen, "plan": json.loads(s.get(prefix + f"gen/{gen}/plan"))}))
+store = MembershipStore.connect(host, int(port), os.environ["ELASTRAIN_RUN_ID"],
+                                timeout=datetime.timedelta(seconds=20))
+gen = store.generation()
+plan = store.read_plan(gen)
+print(json.dumps({"gen": gen, "nodes": list(plan.nodes), "spares": list(plan.spares)}))
 """
 
 
@@ -406,7 +406,7 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     # The store: its generation moved on, and no plan since names the dark worker's pod.
     read = store_plan(t, next(iter(survivors)))
     assert read["gen"] >= int(joined["gen"]), read
-    assert {n.rpartition(".")[0] or n for n in read["plan"]["nodes"]} == \
+    assert {n.rpartition(".")[0] or n for n in read["nodes"]} == \
         set(survivors) | {replacement}, read
     # The bucket: no commit of the dark worker's generation after the world moved on, none
     # fenced, `latest` the world's newest.
