@@ -2,10 +2,11 @@
 trainers the desired world on the control channel.
 
 In-process jobs are asked `POST /control` with the job's token (control.py) and `{"replicas":
-<desired workers>, "moving": [pods]}`: how their trainers learn the desired world after
-`kubectl scale` (and so who waits as a spare), and which pods are moving off a node with a
-notice (policy.notices: such a pod's trainer, SIGTERMed before its replacement joined, trains on
-until a node can take its place); the answer is the same progress document. A trainer that
+<desired workers>, "moving": [pods], "lost": [pods]}`: how their trainers learn the desired
+world after `kubectl scale` (and so who waits as a spare), which pods are moving off a node with
+a notice (policy.notices: such a pod's trainer, SIGTERMed before its replacement joined, trains
+on until a node can take its place), and which are on a node the operator knows lost (the world
+asks them to leave: policy.replace); the answer is the same progress document. A trainer that
 refuses the token (its job's Secret holds another key's, or it has none: pods from before the
 channel) is read with the plain GET and a warning says why it cannot be steered. Restart-mode
 jobs are asked the plain path.
@@ -20,7 +21,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from elastrain_operator.model.spec import TrainingJobSpec
@@ -40,14 +41,16 @@ def _base(ip: str, port: int) -> str:
 
 def fetch_progress(ip: str, port: int, replicas: int | None = None,
                    timeout: float = TIMEOUT_SECONDS, token: str | None = None,
-                   moving: Sequence[str] = ()) -> ProgressReport | None:
+                   moving: Sequence[str] = (), lost: Sequence[str] = ()
+                   ) -> ProgressReport | None:
     """The trainer's progress; with `token` and `replicas`, the desired world (and the pods
-    `moving`) told on the control channel first (which answers the same document)."""
+    `moving`, and those `lost`) told on the control channel first (which answers the same
+    document)."""
     if token is not None and replicas is not None:
         request = urllib.request.Request(
             f"{_base(ip, port)}/control", method="POST",
-            data=json.dumps({"replicas": replicas,
-                             "moving": list(moving[:MAX_MOVING])}).encode(),
+            data=json.dumps({"replicas": replicas, "moving": list(moving[:MAX_MOVING]),
+                             "lost": list(lost[:MAX_MOVING])}).encode(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as rsp:
@@ -85,16 +88,18 @@ def _refused(ip: str, port: int, code: int) -> None:
 
 
 def poll_progress(workers: Sequence[WorkerPod], port: int, replicas: int | None = None,
-                  token: str | None = None, moving: Sequence[str] = ()
-                  ) -> tuple[ProgressReport, ...]:
+                  token: str | None = None, moving: Sequence[str] = (),
+                  lost: Sequence[str] = ()) -> tuple[ProgressReport, ...]:
     """`replicas`: the desired workers to tell every trainer, with the job's control `token`
-    (either None: ask the plain path); `moving`: the pods being moved (told_moving)."""
+    (either None: ask the plain path); `moving`: the pods being moved (told_moving); `lost`:
+    the pods on lost nodes (told_lost)."""
     targets = [w.pod_ip for w in workers if answers_progress(w)][:MAX_POLLED]
     if not targets or not port:
         return ()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
         reports = list(pool.map(
-            lambda ip: fetch_progress(ip, port, replicas, token=token, moving=moving),
+            lambda ip: fetch_progress(ip, port, replicas, token=token, moving=moving,
+                                      lost=lost),
             targets))
     return tuple(r for r in reports if r is not None)
 
@@ -114,3 +119,9 @@ def told_replicas(spec: TrainingJobSpec,
 def told_moving(status: TrainingJobStatus) -> tuple[str, ...]:
     """The pods a poll tells the trainers are moving: each slot's old pod while it moves."""
     return tuple(s.moving_from for s in status.slots if s.moving_from)
+
+
+def told_lost(workers: Sequence[WorkerPod], lost_nodes: Mapping[str, str]) -> tuple[str, ...]:
+    """The pods a poll tells the trainers are on a lost node (policy.replace: the world asks
+    them to leave before the operator replaces them)."""
+    return tuple(w.name for w in workers if w.node and w.node in lost_nodes)

@@ -55,7 +55,7 @@ from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.round import Observed
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
-from elastrain_operator.probe import poll_progress, told_moving, told_replicas
+from elastrain_operator.probe import poll_progress, told_lost, told_moving, told_replicas
 from elastrain_operator.render.control import controlled, render_control_secret
 from elastrain_operator.render.network import MetricsPeers
 
@@ -139,7 +139,8 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         spec = cached.job.spec
         observed = replace(observed, progress=poll_progress(
             observed.workers, spec.metrics_port, told_replicas(spec, cached.job.status),
-            token=control_token(options, cached.job), moving=told_moving(cached.job.status)))
+            token=control_token(options, cached.job), moving=told_moving(cached.job.status),
+            lost=told_lost(observed.workers, observed.lost_nodes)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -221,7 +222,9 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
             polled.append(poll_progress(observed.workers, job.spec.metrics_port,
                                         told_replicas(job.spec, job.status),
                                         token=control_token(options, job),
-                                        moving=told_moving(job.status)))
+                                        moving=told_moving(job.status),
+                                        lost=told_lost(observed.workers,
+                                                       observed.lost_nodes)))
         observed = replace(observed, progress=polled[0])
     p = plan(job, observed, now=now, network=options.network)
     if p.status != job.status:
@@ -266,8 +269,8 @@ def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Obser
     moving = told_moving(status)
     if token is not None and set(moving) - set(told_moving(job.status)):
         poll_progress(observed.workers, job.spec.metrics_port,
-                      told_replicas(job.spec, status),
-                      token=token, moving=moving)
+                      told_replicas(job.spec, status), token=token, moving=moving,
+                      lost=told_lost(observed.workers, observed.lost_nodes))
 
 
 def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -> None:

@@ -106,6 +106,9 @@ class _Progress:
     desired_replicas: int | None = None
     # ... and the pods it is moving off nodes with a notice (inprocess.hold).
     moving: frozenset[str] = frozenset()
+    # ... and the pods on nodes it knows lost (NotReady, unreachable) that the world must
+    # plan out before it replaces them (their processes may still run: a kubelet that stopped).
+    lost: frozenset[str] = frozenset()
     # InProcess: pods the world planned out without notice and not back since (Plan.lost),
     # each with when (this process's monotonic clock) this trainer first saw it so.
     planned_out: dict[str, float] = field(default_factory=dict)
@@ -216,12 +219,18 @@ def moving_pods() -> frozenset[str]:
         return _progress.moving
 
 
+def lost_pods() -> frozenset[str]:
+    """The pods the operator's latest `POST /control` said are on a lost node."""
+    with _lock:
+        return _progress.lost
+
+
 # The operator's control channel (issue 34 item 6): only a request that bears the job's control
 # token (a file from the job's Secret, read per request so a rotated Secret takes effect) may
 # change what the trainer does; /progress and /metrics are read-only for everyone.
 CONTROL_TOKEN_FILE_ENV = "ELASTRAIN_CONTROL_TOKEN_FILE"
 MAX_CONTROL_BODY = 65536
-MAX_MOVING = 200  # pod names of 253 characters at most: the body fits MAX_CONTROL_BODY
+MAX_MOVING = 200  # per list ("moving", "lost"); a body past MAX_CONTROL_BODY is refused whole
 
 
 class ControlRefused(Exception):
@@ -246,8 +255,8 @@ def _control_token() -> str | None:
 def apply_control(authorization: str | None, body: bytes) -> None:
     """A control request: `Authorization: Bearer <token>`, a JSON object `{"replicas": N}`
     and optionally `"moving": [pod, ...]` (the pods the operator moves off a node with a
-    notice). ControlRefused (and nothing changed) unless the token is the job's and the
-    message well formed."""
+    notice) and `"lost": [pod, ...]` (pods on a node it knows lost). ControlRefused (and
+    nothing changed) unless the token is the job's and the message well formed."""
     import hmac
 
     token = _control_token()
@@ -264,13 +273,16 @@ def apply_control(authorization: str | None, body: bytes) -> None:
     replicas = message.get("replicas") if isinstance(message, dict) else None
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
         raise ControlRefused(400, '"replicas" must be a whole number of at least 1')
-    moving = message.get("moving", [])
-    if not isinstance(moving, list) or len(moving) > MAX_MOVING or not all(
-            isinstance(p, str) and 0 < len(p) <= 253 for p in moving):
-        raise ControlRefused(400, f'"moving" must be a list of at most {MAX_MOVING} pod names')
+    moving, lost = message.get("moving", []), message.get("lost", [])
+    for key, pods in (("moving", moving), ("lost", lost)):
+        if not isinstance(pods, list) or len(pods) > MAX_MOVING or not all(
+                isinstance(p, str) and 0 < len(p) <= 253 for p in pods):
+            raise ControlRefused(400, f'"{key}" must be a list of at most {MAX_MOVING} pod '
+                                      'names')
     with _lock:
         _progress.desired_replicas = replicas
         _progress.moving = frozenset(moving)
+        _progress.lost = frozenset(lost)
 
 
 def record_resumed(step: int) -> None:

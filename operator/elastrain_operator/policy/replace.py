@@ -15,6 +15,15 @@ lost, since a pod there would stay Terminating until its node answers). The grac
 pod that was planned out but lives (a worker restarted in place by its launcher after a freeze
 or a crash) rejoin instead, which takes seconds; it is also why a replacement is never made
 for a pod still in the world: a pod that rejoined is no longer named.
+
+On a lost node (issue 34, item 4). A node whose kubelet and container runtime stopped is marked
+NotReady while its containers run on: such a pod's trainer still beats, trains and is in the
+world, so no heartbeat plans it out. The operator tells the members the pods on nodes it knows
+lost (probe.told_lost, `POST /control`'s "lost"); they ask it to leave at the next step boundary
+on its behalf, as its own SIGTERM would (it takes part, finds itself out of the plan and exits).
+Once no member's plan names it, it is counted once as a failure and replaced at once, without
+the grace (it cannot rejoin: it has ended) and before its node-loss toleration lets the taint
+manager evict it, and the stale pod is force-deleted (policy.stale).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from datetime import datetime
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus, WorkerLoss, WorkerSlot
-from elastrain_operator.policy.failures import Exit, classify_pod_exit
+from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.restarts import backoff_until
@@ -54,7 +63,8 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
                         reports: Sequence[ProgressReport] | None, *, pods: int,
                         now: datetime) -> None:
     """Count and replace each current worker pod that the members' reports name planned out
-    for at least planned_out_grace (`reports`: the members', polled this round)."""
+    for at least planned_out_grace, or that is on a lost node and no longer in their plan
+    (`reports`: the members', polled this round)."""
     if not job.spec.in_process or not reports:
         return
     since: dict[str, float] = {}
@@ -62,17 +72,29 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
         for name, seconds in report.planned_out.items():
             since[name] = max(seconds, since.get(name, 0.0))
     grace = planned_out_grace(job)
+    world = frozenset().union(*(report.world_pods for report in reports))
     current = current_pods(r.acct.slots, observed.workers)
-    doomed = {i: p for i, p in current.items()
-              if i < pods and since.get(p.name, 0.0) >= grace and not p.deleting
-              and classify_pod_exit(p) in (Exit.RUNNING, Exit.PENDING)}
+    doomed: dict[int, tuple[WorkerPod, str]] = {}
+    for index, pod in current.items():
+        if index >= pods or pod.deleting or classify_pod_exit(pod) not in (Exit.RUNNING,
+                                                                           Exit.PENDING):
+            continue
+        lost = observed.lost_nodes.get(pod.node)
+        if since.get(pod.name, 0.0) >= grace:
+            doomed[index] = (pod, f"planned out by the in-process world "
+                                  f"{since[pod.name]:.0f}s ago: no heartbeat for spec.recovery."
+                                  f"heartbeatTimeoutSeconds="
+                                  f"{job.spec.recovery.heartbeat_timeout_seconds} (its node went "
+                                  "dark, or it hung)")
+        elif lost and world and pod.name not in world:
+            # Told lost (probe.told_lost), the world asked it to leave: it is out now.
+            doomed[index] = (pod, f"node {pod.node} lost ({lost}): planned out by the "
+                                  "in-process world at the operator's word (its processes may "
+                                  "still run)")
     if not doomed:
         return
     acct = r.acct
-    for index, pod in sorted(doomed.items()):
-        why = (f"planned out by the in-process world {since[pod.name]:.0f}s ago: no heartbeat "
-               f"for spec.recovery.heartbeatTimeoutSeconds="
-               f"{job.spec.recovery.heartbeat_timeout_seconds} (its node went dark, or it hung)")
+    for index, (pod, why) in sorted(doomed.items()):
         loss = WorkerLoss(index=index, pod=pod.name, kind="Failed", reason=why[:256], time=now)
         acct = replace(acct, restarts=acct.restarts + 1, last_loss_reason=c.WORKER_FAILED,
                        losses=(*acct.losses, loss)[-MAX_RECENT_LOSSES:],

@@ -93,12 +93,15 @@ def save_final(out: Path, node: str, model: DDP, opt: torch.optim.Optimizer, ste
 # ---------------------------------------------------------------- in-process
 def run_inprocess(a: argparse.Namespace) -> int:
     out, log = Path(a.out), Log(Path(a.out), a.node)
+    told_lost_now = [False]
     member = Member(MemberConfig(
         node_id=a.node, store_host=HOST, store_port=a.port, run_id=a.run,
         plan=PlanConfig(GLOBAL_BATCH, MICRO, max_world=3, min_world=1), expected=a.expected,
         heartbeat_timeout_s=a.heartbeat_timeout, hold_budget_s=a.hold_budget,
         # As the operator's control says of a pod it moves off a node with a notice.
-        moving=(lambda: frozenset({a.node})) if a.moving else frozenset))
+        moving=(lambda: frozenset({a.node})) if a.moving else frozenset,
+        # As the operator's control says of pods on a node it knows lost, from a step on.
+        lost=lambda: frozenset(a.told_lost) if told_lost_now[0] else frozenset()))
     member.install_signal()
     member.wait_alone()
     if a.user_group:
@@ -129,6 +132,7 @@ def run_inprocess(a: argparse.Namespace) -> int:
                 loss=loss)
             if a.sleep:
                 time.sleep(a.sleep)
+            told_lost_now[0] = bool(a.told_lost) and step >= a.told_lost_at
             if step == a.leave_at:
                 os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled as any SIGTERM
             if step == a.hold_at and member.rank == 0:
@@ -209,6 +213,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hold-key", default="test/join-go")
     p.add_argument("--join-gate", default="")
     p.add_argument("--moving", action="store_true")
+    p.add_argument("--told-lost", action="append", default=[])  # pods, from --told-lost-at on
+    p.add_argument("--told-lost-at", type=int, default=0)
     p.add_argument("--user-group", action="store_true")
     p.add_argument("--stall-at", type=int, default=-1)
     p.add_argument("--hold-budget", type=float, default=60.0)

@@ -95,3 +95,37 @@ def test_a_planned_out_pod_on_a_node_that_looks_fine_is_deleted_gracefully() -> 
     assert any("the old pod deleted (force-deleted if its kubelet never confirms)" in e.message
                for e in p.events)
     assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+
+
+def in_world(*pods: str) -> Any:
+    return parse_progress({"step": 40, "totalSteps": 100, "worldSize": len(pods),
+                           "role": "member", "lastStepTime": T0.isoformat(),
+                           "members": list(pods)})
+
+
+def test_a_pod_on_a_lost_node_is_told_lost_and_replaced_once_the_world_let_it_go() -> None:
+    """Its kubelet stopped, its process runs on (no heartbeat plans it out): the members are
+    told it is lost, and once their plan no longer names it, it is counted once as a failure,
+    replaced at once (no grace: it has ended) and force-deleted."""
+    from elastrain_operator.probe import told_lost
+
+    w = running_world(recovery={"mode": "InProcess"})
+    lost = {"node-2": "Ready=Unknown (NodeStatusUnknown)"}
+    now = T0 + timedelta(seconds=30)
+    old = w.workers()
+    still = w.reconcile(now, progress=(in_world(*old),), lost_nodes=lost)
+    assert not still.counted_restarts and not still.force_delete_pods
+    assert w.workers() == old
+    observed = w.observe(lost_nodes=lost)
+    assert told_lost(observed.workers, observed.lost_nodes) == ("demo-worker-2-0",)
+    p = w.reconcile(now, progress=(in_world(*old[:2]),), lost_nodes=lost)
+    assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+    (loss,) = w.job["status"]["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
+    assert loss["reason"].startswith("node node-2 lost (Ready=Unknown"), loss
+    assert w.job["status"]["preemptions"] == 0
+    # A lost node whose pods' trainers name no plan (older images): nothing is replaced.
+    other = running_world(recovery={"mode": "InProcess"})
+    p = other.reconcile(now, progress=(member({}),), lost_nodes=lost)
+    assert not p.counted_restarts

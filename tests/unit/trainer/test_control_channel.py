@@ -22,6 +22,7 @@ def port() -> Iterator[int]:
     with metrics._lock:
         metrics._progress.desired_replicas = None
         metrics._progress.moving = frozenset()
+        metrics._progress.lost = frozenset()
     try:
         yield int(server.server_address[1])
     finally:
@@ -100,3 +101,20 @@ def test_control_names_the_pods_that_move_and_refuses_a_bad_list(
                           moving=("w-0-0", "w-1-0")) is not None
     assert metrics.moving_pods() == {"w-0-0", "w-1-0"} and metrics.desired_replicas() == 2
     assert post(port, {"replicas": 2}, token)[0] == 200 and metrics.moving_pods() == frozenset()
+
+
+def test_control_names_the_pods_on_lost_nodes_and_refuses_a_bad_list(
+        port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastrain_operator.control import job_token
+    from elastrain_operator.probe import fetch_progress
+
+    token = job_token(b"operator key", "uid-1")
+    (tmp_path / "token").write_text(token)
+    monkeypatch.setenv(metrics.CONTROL_TOKEN_FILE_ENV, str(tmp_path / "token"))
+    for bad in ("w-2-0", [None], ["w"] * (metrics.MAX_MOVING + 1)):
+        assert post(port, {"replicas": 3, "lost": bad}, token)[0] == 400, bad
+    assert metrics.lost_pods() == frozenset() and metrics.desired_replicas() is None
+    assert fetch_progress("127.0.0.1", port, replicas=3, token=token,
+                          lost=("w-2-0",)) is not None
+    assert metrics.lost_pods() == {"w-2-0"} and metrics.moving_pods() == frozenset()
+    assert post(port, {"replicas": 3}, token)[0] == 200 and metrics.lost_pods() == frozenset()

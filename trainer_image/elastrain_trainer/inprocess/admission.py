@@ -26,6 +26,7 @@ from elastrain_trainer.inprocess.membership import (
     PlanConfig,
     Requests,
     plan_generation,
+    pod_of,
 )
 from elastrain_trainer.inprocess.store import MembershipStore
 
@@ -41,6 +42,7 @@ class Admission:
     signalled: bool
     _join_seq: int
     _desired_sent: int | None
+    _lost_sent: set[str]
 
     def _enter(self, plan: Plan) -> None:
         raise NotImplementedError
@@ -171,6 +173,20 @@ class Admission:
         elif known != heard:
             self.store.request_desired(heard)
         self._desired_sent = heard
+
+    def _plan_out_lost(self, plan: Plan, step: int) -> None:
+        """The nodes of `plan` whose pods the operator says are on a lost node (NotReady or
+        unreachable: a kubelet and container runtime that stopped leave their containers
+        running) leave the world at this boundary: a leave asked on their behalf, once each,
+        as their own SIGTERM would. Such a node still takes part in the boundary's agreement,
+        finds itself out of the next plan and ends (exit 0), before the operator replaces its
+        pod (issue 34 item 4); one that went dark is the heartbeat's already."""
+        lost = self.cfg.lost()
+        for node in (plan.nodes + plan.spares) if lost else ():
+            if node not in self._lost_sent and pod_of(node) in lost:
+                self.store.request_leave(node, step)
+                self._lost_sent.add(node)
+                emit("lost_node_leave", node=self.node_id, leaver=node, step=step)
 
     def _plan_config(self) -> PlanConfig:
         """The bounds of the next plan: with spares, the world is at most the desired one."""

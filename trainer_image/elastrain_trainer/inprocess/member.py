@@ -101,6 +101,7 @@ class Member(Admission):
         self.unhealed = False
         self._join_seq = 0           # this node's newest join request
         self._desired_sent: int | None = None
+        self._lost_sent: set[str] = set()  # nodes this one asked to leave for the operator
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
         # The sockets of the groups in use and the generations they serve (kept plans reuse
         # them): what the heartbeat thread severs when one of those generations fails.
@@ -273,6 +274,7 @@ class Member(Admission):
         change = False
         with contextlib.suppress(dist.DistError):
             self._publish_desired()
+            self._plan_out_lost(self.plan, step)
         try:  # while the store is away nothing can change: the leave waits for it
             if self.signalled and not self._leave_sent and not self.hold.holds(self.plan):
                 self.store.request_leave(self.node_id, step)

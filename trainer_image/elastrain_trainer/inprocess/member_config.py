@@ -56,6 +56,8 @@ class MemberConfig:
     # SIGTERMed member may hold its leave until a node can take its place (inprocess.hold).
     moving: Callable[[], Collection[str]] = frozenset
     hold_budget_s: float = 0.0
+    # The pods the operator says are on a lost node: asked to leave (Admission._plan_out_lost).
+    lost: Callable[[], Collection[str]] = frozenset
 
 
 class Resharding(Protocol):

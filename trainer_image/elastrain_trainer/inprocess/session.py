@@ -119,7 +119,8 @@ class InProcessRuntime:
                             min_world=cfg.min_replicas),
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
             desired=metrics.desired_replicas, on_role=metrics.record_role,
-            moving=metrics.moving_pods, hold_budget_s=hold_budget_s())))
+            moving=metrics.moving_pods, hold_budget_s=hold_budget_s(),
+            lost=metrics.lost_pods)))
         self.member.wait_alone()
         user_groups.track(self.member.adopt_groups)  # the script's groups are severed too
         self.peer_loss = PeerLoss()

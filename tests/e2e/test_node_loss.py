@@ -1,0 +1,422 @@
+"""Issue 34 on two real nodes (the `second_node` harness, tests/README.md): a worker's node lost
+while its process runs on, and a notice acted on first. One InProcess job (the e2e job: 3
+workers, min 2; its store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
+
+1. Node 2's kubelet and containerd stopped: its containers run on, so the worker there still
+   beats and trains in the world, and no heartbeat plans it out. Once its Node is NotReady the
+   operator tells the members it is lost (`POST /control`'s "lost"); they ask it to leave at a
+   step boundary, it takes part and ends (its processes gone from the node, with no kubelet to
+   stop them), and the operator counts it once as a failure, force-deletes the pod and creates
+   its replacement on node 1 at once: not after the pods' node-loss toleration (the taint
+   manager's eviction would be a preemption), nor the 300 s Kubernetes gives by default. The
+   orphan never trains beside the world: nothing in the bucket was committed by its generation
+   after the world moved on, `latest` names the world's newest commit. Node 2's runtime is
+   started again at the end: nothing of the orphan comes back, nothing more is counted.
+2. Node 2 tainted `karpenter.sh/disrupted:NoSchedule`: the operator starts the move (worker 2's
+   replacement created first, on node 1, to arrive as a spare), and node 2 is drained through
+   the Eviction API right then, as Karpenter does within seconds of its taint, before the
+   replacement has started. The doomed trainer, told it moves, trains on after its SIGTERM
+   until the replacement waits to take its place, then leaves: every step the trainers record
+   after the taint is at world 3, none is trained twice, one preemption (the drain took the pod
+   before the move was done), no failure.
+3. Node 2 partitioned (every packet to and from it dropped: no socket closes): the heartbeat
+   plans its worker out, the operator replaces it after the grace (a failure), and once the
+   partition lifts the dark worker ends without training beside the world: the store's plan
+   never names it again, and the bucket holds no commit of its generation made after the
+   world moved on.
+
+Placement without a node affinity of the job's: a NoSchedule taint of the test's own (HOLD, not
+a notice the operator reads) keeps the scheduler off one node while a pod is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import NamespacePool, NodeCluster, SecondNode, added_second_node
+from tests.e2e.support import (
+    ARTIFACTS,
+    INPROCESS,
+    Incarnation,
+    LogCollector,
+    Training,
+    child_processes,
+    container_pid,
+    event_reasons,
+    make_job,
+    record_recovery,
+    steps_retrained,
+    wait_for,
+)
+
+JOB = "nodeloss"
+NODE_1 = "elastrain-node"
+HOLD = "elastrain.dev/e2e-hold"  # the test's own taint: not among the notices read
+KARPENTER = "karpenter.sh/disrupted"
+
+
+class TwoNodeJob(Training):
+    """The module's job on the two nodes."""
+
+    node: NodeCluster
+    second: SecondNode
+
+    def hold(self, name: str) -> None:
+        self.k("taint", "node", name, f"{HOLD}=:NoSchedule", "--overwrite")
+
+    def release(self, name: str) -> None:
+        self.k("taint", "node", name, f"{HOLD}:NoSchedule-", check=False)
+
+    def pods_of(self, index: int) -> list[dict[str, Any]]:
+        return [p for p in self.workers()
+                if p["metadata"]["labels"]["elastrain.dev/worker-index"] == str(index)]
+
+    def bound(self, index: int, node: str) -> str | None:
+        """The name of worker `index`'s live pod once the scheduler bound it to `node`."""
+        return next((p["metadata"]["name"] for p in self.pods_of(index)
+                     if p["spec"].get("nodeName") == node), None)
+
+    def node_of(self, pod: str) -> str:
+        return str(self.k.json("get", "pod", pod, "-n", self.ns)["spec"].get("nodeName", ""))
+
+    def survivors(self) -> dict[str, Incarnation]:
+        """The trainer incarnations of the worker pods on node 1 (Training.processes reads
+        node 1's containerd only)."""
+        out = {}
+        for pod in self.workers():
+            name = pod["metadata"]["name"]
+            if pod["spec"].get("nodeName") != NODE_1:
+                continue
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            trainer = next((c for c in statuses if c["name"] == "trainer"), {})
+            if trainer.get("state", {}).get("running"):
+                out[name] = Incarnation(uid=pod["metadata"]["uid"],
+                                        restart_count=int(trainer.get("restartCount", 0)),
+                                        workers=child_processes(container_pid(self.k, self.ns,
+                                                                              name)))
+        return out
+
+    def put_worker_2_on_node_2(self) -> str:
+        """From a world of 2 on node 1: scaled to 3 with node 1 held, worker 2's new pod lands
+        on node 2 and joins; returns its name."""
+        self.hold(NODE_1)
+        try:
+            self.release(self.second.name)
+            self.k("scale", "trainingjob", self.job, "-n", self.ns, "--replicas=3")
+            pod = wait_for("worker 2 bound to node 2", lambda: self.bound(2, self.second.name),
+                           timeout=120)
+        finally:
+            self.release(NODE_1)
+        self.settle()
+        return pod
+
+
+def pod_processes(uid: str) -> list[int]:
+    """PIDs of the trainer's processes (python: the launcher and its worker) in the pod's
+    cgroup (either node: cgroupfs names it pod<uid>), read from the host's /proc: what still
+    runs of a pod whatever its kubelet knows. The sandbox's pause process is not one: with no
+    kubelet to tear the sandbox down, it outlives the trainer."""
+    marks = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if any(m in (entry / "cgroup").read_text() for m in marks) \
+                        and b"python" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+def node_ready(t: TwoNodeJob, name: str) -> bool:
+    node = t.k.json("get", "node", name)
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in node["status"]["conditions"])
+
+
+def commits(node: NodeCluster, ns: str, job: str) -> tuple[list[dict[str, Any]], str]:
+    """(every commit under the job's checkpoint root: dir, step, gen, when its marker was
+    written, fenced or not; the `latest` pointer), as the trainers' own catalog reads them."""
+    import boto3
+
+    from elastrain_trainer.checkpoint.manager import scan
+    from elastrain_trainer.checkpoint.manifest import COMMIT_MARKER
+    from elastrain_trainer.checkpoint.s3 import S3Storage
+
+    client = boto3.client("s3", **node.s3.client_kwargs)
+    root = f"{ns}/{job}"
+    storage = S3Storage(f"s3://{node.s3.bucket}/{root}", client=client)
+    catalog = scan(storage)
+    written: dict[str, float] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=node.s3.bucket,
+                                                                 Prefix=f"{root}/"):
+        for obj in page.get("Contents", []):
+            head, _, name = obj["Key"][len(root) + 1:].rpartition("/")
+            if name == COMMIT_MARKER:
+                written[head] = obj["LastModified"].timestamp()
+    out = [{"dir": c.dir, "step": c.step, "gen": c.gen, "at": written.get(c.dir, 0.0),
+            "fenced": False} for c in catalog.commits]
+    out += [{"dir": d, "why": why, "fenced": True} for d, why in catalog.damaged.items()]
+    return out, storage.read("latest").decode()
+
+
+@pytest.fixture(scope="module")
+def two(operator: NodeCluster, namespace_pool: NamespacePool) -> Iterator[TwoNodeJob]:
+    """Node 2 with the trainer image, and the job: workers 0 and 1 on node 1, worker 2 on
+    node 2, training at world 3."""
+    with added_second_node(operator, images=("pause", "operator", "trainer")) as second:
+        k = operator.kubectl
+        ns = namespace_pool.take()
+        # A grace long enough for the doomed trainer of scenario 2 to hold its leave until its
+        # replacement (a new pod: its start, torch's import, the model) waits beside it.
+        job = make_job(JOB, ns, image=operator.images["trainer"], steps=100_000, replicas=2,
+                       grace_seconds=120,
+                       s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
+                       restartPolicy={"maxRestarts": 6, "backoffSeconds": 1},
+                       recovery={"mode": INPROCESS},
+                       rendezvous={"store": {"nodeSelector": {
+                           "kubernetes.io/hostname": NODE_1}}})
+        with LogCollector(k, ns, Training.worker_selector(JOB), ARTIFACTS / JOB) as logs:
+            t = TwoNodeJob(k, ns, JOB, logs, INPROCESS)
+            t.node, t.second = operator, second
+            try:
+                t.hold(second.name)
+                k.apply(job)
+                for index in (0, 1):
+                    wait_for(f"worker {index} bound to node 1", lambda i=index: t.bound(i, NODE_1),
+                             timeout=120)
+                t.put_worker_2_on_node_2()
+                yield t
+            finally:
+                for name in (NODE_1, second.name):
+                    t.release(name)
+                    k("taint", "node", name, f"{KARPENTER}:NoSchedule-", check=False)
+                    k("uncordon", name, check=False)
+                namespace_pool.give_back(ns)
+
+
+def test_1_a_node_whose_runtime_stopped_is_planned_out_then_replaced_on_node_1(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    before = t.counters()
+    (orphan,) = [p for p in t.workers() if p["spec"].get("nodeName") == t.second.name]
+    name, uid = orphan["metadata"]["name"], orphan["metadata"]["uid"]
+    survivors = t.survivors()
+    assert len(survivors) == 2 and pod_processes(uid), (survivors, name)
+    at = time.time()
+    t.second.stop_runtime()
+    try:
+        assert pod_processes(uid), "the orphan's processes stopped with its runtime"
+        leave = wait_for("the world without the orphan", lambda: next(
+            (r for r in t.logs.events("regroup")
+             if float(r["time"]) > at and r["world_size"] == 2), None), timeout=180)
+        # A leave, not a failure: the orphan was alive and took part in the step boundary.
+        assert leave["reason"] == "leave", leave
+        told = {r["leaver"] for r in t.logs.events("lost_node_leave") if float(r["time"]) > at}
+        assert told == {name}, told
+        assert not node_ready(t, t.second.name)
+        wait_for("the orphan's processes ended", lambda: not pod_processes(uid), timeout=60)
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=60)
+        joined = wait_for("the replacement in the world, healed from a peer", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r.get("node") == replacement and r.get("healed_from")
+             and r["world_size"] == 3), None), timeout=180)
+        # Counted once, as a failure (no notice), by the operator's word: not a preemption,
+        # which the taint manager's eviction after the pods' toleration would have been.
+        assert t.counters() == (before[0], before[1] + 1)
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (name, "Failed"), loss
+        assert loss["reason"].startswith(f"node {t.second.name} lost"), loss
+        assert "WorkerFailed" in event_reasons(t.k, t.ns, t.job)
+        # Force-deleted, while node 2 is still NotReady.
+        assert t.k("get", "pod", name, "-n", t.ns, check=False).returncode != 0
+        assert not node_ready(t, t.second.name)
+        assert steps_retrained(t.logs, at) == 0
+        assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+            "a survivor's trainer process was restarted"
+        record_recovery("34-runtime-stopped", float(joined["time"]) - at, mode=INPROCESS,
+                        pod=name, world_2_after_s=round(float(leave["time"]) - at, 1))
+        print(f"{name}: runtime stopped; world 2 after {float(leave['time']) - at:.1f} s, "
+              f"{replacement} in the world after {float(joined['time']) - at:.1f} s")
+    finally:
+        t.second.start_runtime()
+    # The runtime back: nothing of the orphan returns, nothing more is counted.
+    mark = time.time()
+    wait_for("a step at world 3 after the runtime came back", lambda: [
+        r for r in t.logs.events("step") if float(r["time"]) > mark
+        and r["world_size"] == 3], timeout=60)
+    assert t.bound(2, t.second.name) is None and not pod_processes(uid)
+    assert t.counters() == (before[0], before[1] + 1)
+    # Fenced: the world commits on (its generation at least the leave's); no commit of an
+    # older generation came after the leave, none was fenced, and `latest` is the world's.
+    wait_for("a commit of the world after the join", lambda: [
+        c for c in commits(t.node, t.ns, t.job)[0]
+        if not c["fenced"] and c["gen"] >= int(joined["gen"])], timeout=120)
+    made, latest = commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"]], made
+    stale = [c for c in made if c["gen"] < int(leave["gen"]) and c["at"] > float(leave["time"])]
+    assert not stale, stale
+    newest = max((c for c in made if not c["fenced"]), key=lambda c: c["at"])
+    assert latest == newest["dir"] and newest["gen"] >= int(leave["gen"]), (latest, newest)
+
+
+def notice_condition(t: TwoNodeJob) -> dict[str, Any] | None:
+    return next((c for c in t.status().get("conditions", [])
+                 if c["type"] == "NodeDisruptionNotice" and c["status"] == "True"), None)
+
+
+def test_2_a_karpenter_notice_then_a_drain_keeps_the_world_at_full_size(two: TwoNodeJob) -> None:
+    t = two
+    # Worker 2 back on node 2 (scale 3 -> 2 -> 3).
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    doomed = t.put_worker_2_on_node_2()
+    before = t.counters()
+    survivors = t.survivors()
+    at = time.time()
+    t.k("taint", "node", t.second.name, f"{KARPENTER}=:NoSchedule", "--overwrite")
+    try:
+        _notice_then_drain(t, doomed, before, survivors, at)
+    finally:
+        t.k("taint", "node", t.second.name, f"{KARPENTER}:NoSchedule-", check=False)
+        t.k("uncordon", t.second.name)
+
+
+def _notice_then_drain(t: TwoNodeJob, doomed: str, before: tuple[int, int],
+                       survivors: dict[str, Incarnation], at: float) -> None:
+    # The operator starts the move (a replacement created first, not counted), then the drain
+    # comes at once through the Eviction API (kubectl drain evicts, after its own cordon), as
+    # Karpenter's within seconds of its taint: before the replacement has even started.
+    cond = wait_for("the move started", lambda: notice_condition(t), timeout=60)
+    assert t.second.name in cond["message"] and KARPENTER in cond["message"], cond
+    t.k("drain", t.second.name, "--pod-selector", Training.worker_selector(t.job),
+        "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s", timeout=240)
+    drained = time.time()
+    wait_for("the doomed pod gone", lambda: t.k(
+        "get", "pod", doomed, "-n", t.ns, check=False).returncode != 0, timeout=180)
+    replacement = wait_for("worker 2's replacement on node 1", lambda: t.bound(2, NODE_1))
+    joined = wait_for("the replacement in the world, healed from a peer", lambda: next(
+        (r for r in t.logs.events("regroup") if float(r["time"]) > at
+         and r.get("node") == replacement and r.get("healed_from")), None), timeout=60)
+    # The doomed trainer, signalled before its replacement joined, trained on until it had
+    # (inprocess.hold), then left at a step boundary.
+    held = [r for r in t.logs.events("leave_hold_ended") if r["pod"] == doomed]
+    assert [r["reason"] for r in held] == ["replaced"], held
+    (left,) = [r for r in t.logs.events("left") if r["pod"] == doomed]
+    mark = time.time()
+    wait_for("20 steps after the move", lambda: len(
+        [r for r in t.logs.events("step") if float(r["time"]) > mark]) >= 20, timeout=120)
+    # Every step the trainers recorded since the taint: at world 3, none trained twice.
+    steps = [r for r in t.logs.events("step") if float(r["time"]) > at]
+    assert {r["world_size"] for r in steps} == {3}, sorted({r["world_size"] for r in steps})
+    assert steps_retrained(t.logs, at) == 0
+    assert joined["world_size"] == 3 and left["step"] > 0
+    # The drain took the pod before the move was done: counted once as a preemption
+    # (policy.notices), never as a failure.
+    wait_for("the drain counted", lambda: t.counters()[0] == before[0] + 1)
+    assert t.counters() == (before[0] + 1, before[1])
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's trainer process was restarted"
+    record_recovery("34-notice-then-drain", float(joined["time"]) - at, mode=INPROCESS,
+                    pod=doomed, drain_done_s=round(drained - at, 1),
+                    held_s=held[0].get("waited_s"))
+    print(f"{doomed} moved off {t.second.name} by {replacement}: the drain done "
+          f"{drained - at:.1f} s after the taint, the leave held {held[0].get('waited_s')} s")
+
+
+# Read in a survivor's pod (the job's NetworkPolicy lets only its own pods reach the store):
+# the store's current generation and its plan.
+READ_STORE = """
+import datetime, json, os
+from elastrain_trainer.inprocess.store import MembershipStore
+host, _, port = os.environ["ELASTRAIN_STORE"].rpartition(":")
+store = MembershipStore.connect(host, int(port), os.environ["ELASTRAIN_RUN_ID"],
+                                timeout=datetime.timedelta(seconds=20))
+gen = store.generation()
+plan = store.read_plan(gen)
+print(json.dumps({"gen": gen, "nodes": list(plan.nodes), "spares": list(plan.spares)}))
+"""
+
+
+def store_plan(t: TwoNodeJob, pod: str) -> dict[str, Any]:
+    """The job's store as the pod's trainer reaches it (ELASTRAIN_STORE, its run's prefix)."""
+    import json
+
+    done = t.k("exec", pod, "-n", t.ns, "-c", "trainer", "--", "python3", "-c", READ_STORE,
+               timeout=90)
+    read: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return read
+
+
+def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_lifts(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    dark = t.put_worker_2_on_node_2()
+    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    before = t.counters()
+    survivors = t.survivors()
+    # Its replacement, due before node 2 is NotReady, must not be placed on the cut-off node.
+    t.hold(t.second.name)
+    at = time.time()
+    t.second.partition()
+    try:
+        # The heartbeat plans it out (no socket closed: the survivors sever theirs).
+        fail = wait_for("the world without the dark worker", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r["world_size"] == 2), None), timeout=60)
+        assert fail["reason"] == "fail" and fail["lost"] == [dark], fail
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=120)
+        joined = wait_for("the replacement in the world, healed from a peer", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r.get("node") == replacement and r.get("healed_from")
+             and r["world_size"] == 3), None), timeout=180)
+        assert t.counters() == (before[0], before[1] + 1)
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+        assert loss["reason"].startswith("planned out by the in-process world"), loss
+        assert pod_processes(uid), "the dark worker's processes ended while cut off"
+    finally:
+        t.second.heal()
+        t.release(t.second.name)
+    healed = time.time()
+    # Lifted: its processes end (its sockets reset, it finds itself planned out; its pod was
+    # deleted, so its kubelet, back, stops it), and it never trained beside the world.
+    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    wait_for("20 steps after the heal", lambda: len(
+        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= 20, timeout=120)
+    after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
+    assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
+    assert not [r for r in t.logs.events("step") if r["pod"] == dark
+                and float(r["time"]) > float(fail["time"])]
+    assert t.counters() == (before[0], before[1] + 1)
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's trainer process was restarted"
+    # The store: its generation moved on, and no plan since names the dark worker's pod.
+    read = store_plan(t, next(iter(survivors)))
+    assert read["gen"] >= int(joined["gen"]), read
+    assert {n.rpartition(".")[0] or n for n in read["nodes"]} == \
+        set(survivors) | {replacement}, read
+    # The bucket: no commit of the dark worker's generation after the world moved on, none
+    # fenced, `latest` the world's newest.
+    made, latest = commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"]], made
+    assert not [c for c in made if c["gen"] < int(fail["gen"]) and c["at"] > float(fail["time"])]
+    newest = max((c for c in made if not c["fenced"]), key=lambda c: c["at"])
+    assert latest == newest["dir"], (latest, newest)
+    record_recovery("34-partition", float(joined["time"]) - at, mode=INPROCESS, pod=dark,
+                    world_2_after_s=round(float(fail["time"]) - at, 1),
+                    ended_after_heal_s=round(time.time() - healed, 1))
+    print(f"{dark} partitioned: world 2 after {float(fail['time']) - at:.1f} s, {replacement} "
+          f"in the world after {float(joined['time']) - at:.1f} s")
