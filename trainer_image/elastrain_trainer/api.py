@@ -303,7 +303,11 @@ class Session(WorldChanges):
             raise RuntimeError("Session.steps() outside `with Session(...) as session:`")
         fresh = self.step == 0
         last_save = time.monotonic()
+        join_wait = self.config.join_wait_after_step
         while self.step < self.total_steps and not self.stopped:
+            if join_wait and self.step >= join_wait and process.inprocess is not None:
+                join_wait = 0  # once: a replacement that never comes costs one budget
+                process.inprocess.wait_for_joiner(self.config.join_wait_seconds)
             self._loss, self._tokens, self._fields = None, 0, {}
             t0 = time.monotonic()
             before = self._body_state() if process.inprocess is not None else None

@@ -87,6 +87,13 @@ class TrainerConfig:
     metrics_port: int = 9400
     # Not part of the operator contract: pacing for demos and tests (seconds slept per step).
     step_sleep_seconds: float = 0.0
+    # Not part of the operator contract: pacing for `elastrain run --local --simulate-preemption`
+    # (launch/local.py). Once past this step (0: never), an in-process world smaller than its
+    # replicas waits, before its next step, until a node asks to join or leave, at most
+    # join_wait_seconds: the replacement then trains the last steps with the survivor however
+    # slowly it started.
+    join_wait_after_step: int = 0
+    join_wait_seconds: float = 120.0
     # CLI/env only: load this checkpoint instead of the latest committed one.
     resume_from: str = ""
     wandb_project: str = field(default="")
@@ -118,7 +125,7 @@ class TrainerConfig:
         for name in ("warmup_steps", "checkpoint_interval_steps", "checkpoint_interval_seconds",
                      "checkpoint_wait_seconds", "dataset_cache_bytes", "dataset_prefetch_steps",
                      "max_grad_norm", "spike_factor", "weight_decay",
-                     "step_sleep_seconds"):
+                     "step_sleep_seconds", "join_wait_after_step", "join_wait_seconds"):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
         _check("lr", self.lr > 0, "must be > 0")
         _check("min_lr", 0 <= self.min_lr <= self.lr, "must be between 0 and ELASTRAIN_LR")

@@ -31,11 +31,18 @@ STEPS = 60
 
 
 def example_job(tmp: Path) -> Path:
-    """The example beside a copy of its script, shortened to STEPS steps, saving every 10."""
+    """The example beside a copy of its script, shortened to STEPS steps, saving every 10, and
+    never at world 1: its rendezvous waits for the replacement (below)."""
     shutil.copy(EXAMPLE / "train.py", tmp / "train.py")
     text = (EXAMPLE / "job.yaml").read_text()
+    # minReplicas 2: after the notice's save the survivor's torchrun agent re-rendezvouses, and
+    # with the example's minimum of 1 a round closes 1 s (last_call_timeout) after its first
+    # node joined, so a replacement whose launcher had not started by then (a loaded machine)
+    # made a world of 1 resume, and its arrival a second restart (2 resumes). At 2 the round
+    # completes when the replacement is in it, however long it takes to start. The world of 1
+    # is test_example_script_resumes_at_a_smaller_world_size's.
     for old, new in (("steps: 300", f"steps: {STEPS}"), ("intervalSteps: 25", "intervalSteps: 10"),
-                     ('value: "0.02"', 'value: "0.1"')):
+                     ('value: "0.02"', 'value: "0.1"'), ("minReplicas: 1", "minReplicas: 2")):
         assert old in text, old
         text = text.replace(old, new)
     job = tmp / "job.yaml"

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from elastrain_trainer.checkpoint.local import LocalStorage
+from elastrain_trainer.checkpoint.manager import scan
 from elastrain_trainer.inprocess import membership as m
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.launch import rdzv_store
@@ -578,6 +580,15 @@ def test_the_store_lost_and_back_empty_training_goes_on_and_the_next_join_works(
     assert steps == list(range(1, 201)), steps  # every step once, with or without a store
 
 
+def newest_commit(root: Path) -> int:
+    """The step of the newest commit under `root`, the one a resume loads: not the newest step
+    directory, which may hold a save that its pod never committed (an async save still writing
+    when the pod ended)."""
+    newest = scan(LocalStorage(root)).newest
+    assert newest is not None, sorted(p.name for p in root.iterdir())
+    return newest.step
+
+
 def store_back_first_for_a_new_pod(tmp_path: Path, run: str) -> tuple[
         Pods, TcpProxy, subprocess.Popen[bytes], int]:
     """a and b reach the store through a proxy, c directly. The store is SIGKILLed at step 10
@@ -651,7 +662,7 @@ def test_a_store_founded_before_the_world_reconnects_ends_the_world_never_two(
         proxy.heal()
         codes = {n: pods.procs[n].wait(timeout=60) for n in ("a", "b")}
         ended = {n: (tmp_path / f"{n}.termination").read_text() for n in ("a", "b")}
-        ckpts = [int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*")]
+        newest = newest_commit(tmp_path / "ckpt")
         for node in ("a2", "b2"):
             pods.start(node, 3, port=port, MAX_REPLICAS="3", STEPS=LATE_JOINER_STEPS)
         rest = {n: pods.procs[n].wait(timeout=240) for n in ("c", "a2", "b2")}
@@ -665,10 +676,10 @@ def test_a_store_founded_before_the_world_reconnects_ends_the_world_never_two(
     founded = [r for r in recs if r["event"] == "store_founded"]
     assert founded and {r["by"] for r in founded} == {"c"}, founded
     last_old = max(r["step"] for n in ("a", "b") for r in pods.records(n) if r["event"] == "step")
-    print(f"a and b ended at step {last_old}; newest checkpoint {max(ckpts)}")
+    print(f"a and b ended at step {last_old}; newest checkpoint {newest}")
     assert rest == {"c": 0, "a2": 0, "b2": 0}, {n: pods.log(n) for n in rest}
     resumed = [r for r in recs if r["event"] == "resumed"]
-    assert resumed and {r["step"] for r in resumed} == {max(ckpts)}, resumed
+    assert resumed and {r["step"] for r in resumed} == {newest}, resumed
     starts = [r for r in recs if r["event"] == "regroup" and r["reason"] == "start"
               and r["time"] > founded[0]["time"]]
     assert starts and {r["world_size"] for r in starts} == {3}, starts
@@ -700,7 +711,7 @@ def test_a_loss_while_the_store_is_away_ends_the_pod_as_a_lost_rendezvous_does(
         assert code == 1, pods.log("a")
         assert "RendezvousConnectionError" in message, message
         print(f"b killed with the store away -> a's pod ended in {ended_s:.2f} s: {message}")
-        newest = max(int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*"))
+        newest = newest_commit(tmp_path / "ckpt")
         store = serve(port)
         for node in ("a2", "b2"):
             pods.start(node, 2)

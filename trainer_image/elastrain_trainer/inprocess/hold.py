@@ -12,6 +12,12 @@ place at that change, or the grown world shrinks back to its size), or when its 
 spent: the shutdown timeout its launcher gives it after the SIGTERM (PET_SHUTDOWN_TIMEOUT: the
 pod's grace period less the operator's margin) less RESERVE_S for the leave itself and a stop's
 save. Any other SIGTERM (no notice, a scale-down, a user) leaves at the next boundary.
+
+The other hold is a local demo's (`wait_for_joiner`): `elastrain run --local
+--simulate-preemption` starts the preempted agent's replacement while the survivor trains on
+alone, and a fixed step count raced that start (on a loaded machine the survivor finished
+before the replacement joined). Past a step the runner names, the world below its size waits
+for the replacement's join request instead, bounded.
 """
 
 from __future__ import annotations
@@ -68,3 +74,25 @@ class LeaveHold:
                  world=plan.world_size, spares=0)
             return False
         return True
+
+
+def wait_for_joiner(node_id: str, world: int, changed: Callable[[], bool],
+                    stopped: Callable[[], bool], budget_s: float,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> str:
+    """A local demo's pacing (TrainerConfig.join_wait_after_step), never a pod's: a world below
+    its size waits before its next step until `changed` (the store's `pending` moved since the
+    plan: a node asked to join or leave, so the next boundary changes the world), `stopped`
+    (this node was signalled) or `budget_s` passed. Returns why it ended: "joining", "signalled"
+    or "budget". Before the step, not before the boundary: the wait is no part of the step
+    across the regroup that follows, whose length the summary reports as the survivors' pause."""
+    since = clock()
+    emit("join_wait", node=node_id, world=world, budget_s=round(budget_s, 1))
+    while True:
+        reason = ("joining" if changed() else "signalled" if stopped()
+                  else "budget" if clock() - since >= budget_s else "")
+        if reason:
+            emit("join_wait_ended", node=node_id, reason=reason,
+                 waited_s=round(clock() - since, 2))
+            return reason
+        sleep(0.05)

@@ -9,6 +9,7 @@ joins, and at each change settles (heal, re-wrap).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -25,7 +26,7 @@ from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess import fsdp, rewrap, transfer, user_groups
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
-from elastrain_trainer.inprocess.hold import hold_budget_s
+from elastrain_trainer.inprocess.hold import hold_budget_s, wait_for_joiner
 from elastrain_trainer.inprocess.member import (
     Member,
     MemberConfig,
@@ -231,6 +232,19 @@ class InProcessRuntime:
         if plan is not None:
             self._export()
         return plan
+
+    def wait_for_joiner(self, budget_s: float) -> None:
+        """A local demo's pacing (hold.wait_for_joiner): a world smaller than the job's replicas
+        waits until a node asks to join. Every rank reads the same store, so every rank of the
+        world ends its wait; a store away ends it at once (nothing can join without it)."""
+        m = self.member
+        plan = m.plan
+        if plan is None or plan.world_size >= m.cfg.expected:
+            return
+        with contextlib.suppress(dist.DistError):
+            wait_for_joiner(m.node_id, plan.world_size,
+                            lambda: m.store.pending() != plan.pending, lambda: m.signalled,
+                            budget_s)
 
     def boundary(self, step: int, *others: bool) -> tuple[bool, ...]:
         """Member.boundary, needing the store: one founded under this world ends this pod as a

@@ -23,6 +23,7 @@ from elastrain_trainer.summary import RunSummary, plot_loss, summarize, write_su
 
 # Modules that are torchrun (`python -m MODULE [torchrun options] script ...`).
 _TORCHRUN_MODULES = ("torch.distributed.run", "elastrain_trainer.launch")
+JOIN_WAIT_ENV = "ELASTRAIN_JOIN_WAIT_AFTER_STEP"
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,17 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
               cwd: str | os.PathLike[str] | None = None) -> LocalRunResult:
     """Run a job locally; optionally SIGTERM one agent mid-run and start a replacement.
 
-    Crashes are counted against `budget` (spec.restartPolicy) and replaced after its backoff;
-    a lost rendezvous store is restarted (supervise.py). `entry` is what each agent runs
-    (worker_entry of the job's command), in `cwd`."""
+    In process, the survivor waits for the replacement past join_wait_step, so the replacement
+    joins before the end however long it takes to start. Crashes are counted against `budget`
+    (spec.restartPolicy) and replaced after its backoff; a lost rendezvous store is restarted
+    (supervise.py). `entry` is what each agent runs (worker_entry of the job's command), in
+    `cwd`."""
     out = Path(out_dir)
     env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
+    steps = int(env.get("ELASTRAIN_STEPS", "100"))
+    at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
+    if simulate_preemption and env.get("ELASTRAIN_RECOVERY") == "inProcess":
+        env = {JOIN_WAIT_ENV: str(join_wait_step(steps, at)), **env}
     cluster = LocalCluster(env, min_nodes, max_nodes, out,
                            job_id=env.get("ELASTRAIN_JOB_NAME", "local"), entry=tuple(entry),
                            cwd=Path(cwd) if cwd is not None else None,
@@ -83,14 +90,11 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
     started = time.monotonic()
     try:
         cluster.start(workers)
-        if simulate_preemption:
-            steps = int(env.get("ELASTRAIN_STEPS", "100"))
-            at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
-            if cluster.wait_for_step(at, timeout=timeout):
-                print(f"[local] preempting {cluster.agents[-1].name} at step "
-                      f"{cluster.max_step()} and starting a replacement", flush=True)
-                cluster.preempt(cluster.agents[-1])
-                cluster.add_agent()
+        if simulate_preemption and cluster.wait_for_step(at, timeout=timeout):
+            print(f"[local] preempting {cluster.agents[-1].name} at step "
+                  f"{cluster.max_step()} and starting a replacement", flush=True)
+            cluster.preempt(cluster.agents[-1])
+            cluster.add_agent()
         supervisor = Supervisor(cluster, budget or RestartBudget())
         outcome = supervisor.run(timeout=max(1.0, timeout - (time.monotonic() - started)))
         codes = outcome.exit_codes
@@ -100,6 +104,14 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
     plot = plot_loss([r for _, r in cluster.records], out / "loss.png")
     write_summary(summary, codes, out)
     return LocalRunResult(codes, summary, plot, out, outcome)
+
+
+def join_wait_step(steps: int, preempt_at: int) -> int:
+    """The step after which an in-process survivor of the simulated preemption waits for its
+    replacement to ask to join (TrainerConfig.join_wait_after_step): the replacement starts
+    while the survivor trains on alone, and on a loaded machine its start took longer than the
+    steps that were left. An eighth of the run is left to train at full world."""
+    return max(preempt_at + 1, steps - max(1, steps // 8))
 
 
 def print_record(agent: str, r: Record) -> None:
