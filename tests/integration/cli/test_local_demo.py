@@ -74,7 +74,11 @@ def test_recovery_restart_runs_the_restart_path(tmp_path: Path) -> None:
     stdout, summary, records = run_demo(tmp_path, "--recovery", "restart")
     assert not any(r["event"] == "regroup" for _, r in records)
     resumed = [r for _, r in records if r["event"] == "resumed"]
-    assert resumed and all(r["restart_count"] >= 1 for r in resumed), resumed
+    # The survivor resumed in a restarted process. The replacement may resume in its first
+    # one: on a loaded machine it can start after the survivor's round closed at world 1 (the
+    # job's minReplicas), and then joins the next round (world_sizes [2, 1, 2]).
+    survivor = [r for a, r in records if a == "agent-0" and r["event"] == "resumed"]
+    assert survivor and all(r["restart_count"] >= 1 for r in survivor), resumed
     assert summary["resumes"] >= 1, summary
     # The worker that was not signalled restarted too: a new process resumed the checkpoint.
     assert len(pids(records, "agent-0")) >= 2, pids(records, "agent-0")
