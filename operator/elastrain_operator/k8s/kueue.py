@@ -47,6 +47,12 @@ def _owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _job_key(obj: Manifest) -> Key | None:
+    """(namespace, job name) of the TrainingJob that controls a Workload, if one does."""
+    owner = _owner(obj)
+    return None if owner is None else (str(obj["metadata"].get("namespace")), owner[0])
+
+
 class KueueState:
     """Thread-safe: the watches write, reconcile rounds read."""
 
@@ -61,26 +67,20 @@ class KueueState:
 
     def put_workload(self, obj: Manifest) -> Key | None:
         """A Workload's event; the key of the job that owns it, if a TrainingJob does."""
-        owner = _owner(obj)
-        if owner is None:
-            return None
-        meta = obj["metadata"]
-        key = (str(meta.get("namespace")), owner[0])
-        with self._lock:
-            self._workloads.setdefault(key, {})[str(meta.get("name"))] = obj
+        key = _job_key(obj)
+        if key is not None:
+            with self._lock:
+                self._workloads.setdefault(key, {})[str(obj["metadata"].get("name"))] = obj
         return key
 
     def remove_workload(self, obj: Manifest) -> Key | None:
-        owner = _owner(obj)
-        if owner is None:
-            return None
-        meta = obj["metadata"]
-        key = (str(meta.get("namespace")), owner[0])
-        with self._lock:
-            known = self._workloads.get(key, {})
-            known.pop(str(meta.get("name")), None)
-            if not known:
-                self._workloads.pop(key, None)
+        key = _job_key(obj)
+        if key is not None:
+            with self._lock:
+                known = self._workloads.get(key, {})
+                known.pop(str(obj["metadata"].get("name")), None)
+                if not known:
+                    self._workloads.pop(key, None)
         return key
 
     def put_local_queue(self, obj: Manifest, *, deleted: bool = False) -> None:
