@@ -297,3 +297,33 @@ def test_a_job_queued_in_the_default_local_queue_is_labelled_with_it() -> None:
                           now=T0).label_queue == "default"
     assert workload_write(job(), KueueView(queue="team"), gate, pods_left=False,
                           ready_workers=0, phase="Queued", now=T0).label_queue is None
+
+
+# --------------------------------------------------------------------- the watches' view
+
+
+def test_the_watches_keep_each_jobs_workload_the_default_queues_and_flavors() -> None:
+    from elastrain_operator.k8s.kueue import KueueState
+
+    state = KueueState()
+    j = job()
+    owned = workload(*ADMITTED, workers=2)
+    owned["metadata"]["ownerReferences"] = [{
+        "apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob", "name": "demo",
+        "uid": "u1", "controller": True}]
+    stranger = {"metadata": {"name": "w2", "namespace": "ml", "ownerReferences": [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "demo", "uid": "u1",
+         "controller": True}]}}
+    assert state.put_workload(stranger) is None
+    assert state.put_workload(owned) == ("ml", "demo")
+    state.put_flavor(FLAVORS["spot"])
+    view = state.view(None, j)
+    assert view is not None and view.workload is owned and view.flavors == FLAVORS
+    assert state.orphans(("ml", "demo")) == [owned]
+    assert state.view(None, World.new().parsed()) is None  # no label, no default queue
+    state.put_local_queue({"metadata": {"name": "default", "namespace": "ml"}})
+    bare = state.view(None, World.new().parsed())
+    assert bare is not None and bare.queue == "default"
+    assert state.remove_workload(owned) == ("ml", "demo")
+    assert state.view(None, j).workload is None  # type: ignore[union-attr]
+    assert KueueState(served=False).view(None, j) == KueueView(queue="team", served=False)
