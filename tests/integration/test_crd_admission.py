@@ -470,7 +470,8 @@ def test_kubectl_columns_and_scale(api: client.CustomObjectsApi, crd: Any,
 
     out = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace).stdout.splitlines()
     assert out[0].split() == ["NAME", "PHASE", "WORKERS", "STEP", "LAST", "CHECKPOINT",
-                              "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE", "STORE"]
+                              "RESTARTS", "PREEMPTIONS", "FAILED", "SAVES", "AGE", "STORE",
+                              "QUEUE"]
     assert out[1].split()[:8] == ["cols", "Running", "2/2", "42", "40", "1", "3", "2"]
     wide = kubectl(crd, "get", "tj", "cols", "-n", kube_namespace, "-o", "wide").stdout
     assert "STRATEGY" in wide and "RECOVERY" in wide and "2.5" in wide

@@ -106,7 +106,8 @@ def operator_identity(install_chart: Installer, kube_namespace: str,
     yield f"system:serviceaccount:{kube_namespace}:{SA_NAME}"
 
 
-CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "clusterkopfpeerings"}
+CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "clusterkopfpeerings",
+                  "resourceflavors", "workloadpriorityclasses", "priorityclasses"}
 
 
 def can_i(kube: Any, user: str, verb: str, group: str, resource: str, namespace: str) -> bool:
@@ -123,7 +124,8 @@ def can_i(kube: Any, user: str, verb: str, group: str, resource: str, namespace:
 
 
 def test_operator_can_do_everything_in_rules(operator_identity: str, monitoring_crds: Any,
-                                             kube_namespace: str) -> None:
+                                             kube_namespace: str, kueue: Any) -> None:
+    # `kueue`: its CRDs on this apiserver, or kubectl cannot name the Kueue resources.
     # A namespace other than the release's: the operator works in every namespace.
     other = "default"
     denied = [rule for rule in sorted(operator_rules("cluster-wide", peering=False))
@@ -132,7 +134,7 @@ def test_operator_can_do_everything_in_rules(operator_identity: str, monitoring_
 
 
 def test_a_namespaced_operator_acts_only_in_its_namespaces(
-        install_chart: Installer, monitoring_crds: Any, kube_namespace: str) -> None:
+        install_chart: Installer, monitoring_crds: Any, kube_namespace: str, kueue: Any) -> None:
     """operator.watchNamespaces: its Roles grant everything it needs there, and nothing touches a
     pod, Service or NetworkPolicy anywhere else (no cluster-wide pod create)."""
     install_chart(kube_namespace, "--set", f"fullnameOverride={SA_NAME}",

@@ -79,10 +79,12 @@ def run_local(env: Mapping[str, str], workers: int, min_nodes: int, max_nodes: i
     `cwd`."""
     out = Path(out_dir)
     env = {"ELASTRAIN_CHECKPOINT_URI": f"file://{out.absolute()}/checkpoints", **env}
-    steps = int(env.get("ELASTRAIN_STEPS", "100"))
-    at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
-    if simulate_preemption and env.get("ELASTRAIN_RECOVERY") == "inProcess":
-        env = {JOIN_WAIT_ENV: str(join_wait_step(steps, at)), **env}
+    at = 0
+    if simulate_preemption:  # only then: a malformed ELASTRAIN_STEPS is the trainer's to report
+        steps = int(env.get("ELASTRAIN_STEPS", "100"))
+        at = preempt_at_step if preempt_at_step is not None else max(1, steps // 3)
+        if env.get("ELASTRAIN_RECOVERY") == "inProcess":
+            env = {JOIN_WAIT_ENV: str(join_wait_step(steps, at)), **env}
     cluster = LocalCluster(env, min_nodes, max_nodes, out,
                            job_id=env.get("ELASTRAIN_JOB_NAME", "local"), entry=tuple(entry),
                            cwd=Path(cwd) if cwd is not None else None,
