@@ -211,7 +211,22 @@ def fresh_namespace(kube: Kube, test_name: str,
         try:
             yield name
         finally:
+            _confirm_unbacked_pods(core, name)
             core.delete_namespace(name, propagation_policy="Background")
+
+
+def _confirm_unbacked_pods(core: Any, namespace: str) -> None:
+    """Force-delete the namespace's pods bound to a node no kubelet backs (the tier's fake
+    node): nothing would confirm their graceful deletion, so they would stay Terminating on it
+    for the rest of the session, and past its 110 pods every new pod is Unschedulable."""
+    unbacked = {n.metadata.name for n in core.list_node().items
+                if not (n.status and n.status.daemon_endpoints
+                        and n.status.daemon_endpoints.kubelet_endpoint
+                        and n.status.daemon_endpoints.kubelet_endpoint.port)}
+    for pod in core.list_namespaced_pod(namespace).items:
+        if pod.spec and pod.spec.node_name in unbacked:
+            with contextlib.suppress(Exception):  # already gone
+                core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
 
 
 def _has_service_account_controller(core: Any) -> bool:

@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.conftest import S3, Kube
+from tests.conftest import S3, Kube, fresh_namespace
 
 MiB = 1024 * 1024
 
@@ -191,6 +191,20 @@ def test_scheduler_binds_a_pod_to_the_fake_node(kube: Kube, core: client.CoreV1A
     # The ServiceAccount admission plugin (kept on in tier a+) filled in the default account.
     assert pod.spec.service_account_name == "default"
     assert pod.status.phase == "Pending"  # bound, but nothing runs it
+
+
+@pytest.mark.cluster
+def test_a_test_namespace_leaves_no_pod_on_the_fake_node(kube: Kube, core: client.CoreV1Api,
+                                                         request: pytest.FixtureRequest) -> None:
+    # No kubelet confirms a graceful delete there: a pod a test left would stay Terminating on
+    # the node for the session, until its 110 pods are taken and every test's pods Unschedulable.
+    if not kube.nodes:
+        pytest.skip("reused cluster: no fake nodes known")
+    with fresh_namespace(kube, request.node.name) as namespace:
+        core.create_namespaced_pod(namespace, pending_pod("left-behind"))
+        assert wait_until_bound(core, "left-behind", namespace) in kube.nodes
+    wait_for("the pod gone", lambda: read_or_none(
+        lambda: core.read_namespaced_pod("left-behind", namespace)) is None, timeout=30)
 
 
 # -------------------------------------------------------------------------------------- MinIO

@@ -112,9 +112,11 @@ def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_fl
     # The operator has seen the Workload Kueue tried, and still created nothing.
     assert all_pods(kcluster, "demo") == {}
     assert kcluster.condition("Admitted")["reason"] == "Queued"
-    queued = kcluster.status("demo")["queue"]
+    # Kueue's reason reaches status.queue with the operator's next look at the Workload.
+    queued = wait_for("Kueue's reason in status.queue", lambda: (
+        q := kcluster.status("demo").get("queue") or {}) and (
+        "insufficient" in q.get("message", "") or "quota" in q.get("message", "")) and q)
     assert (queued["name"], queued["state"]) == (queue, "Queued")
-    assert "insufficient" in queued["message"] or "quota" in queued["message"], queued
 
     kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "blocker"))
     kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
