@@ -42,6 +42,7 @@ from elastrain_operator.k8s.kueue import (
     KueueState,
     create_workload,
     label_queue,
+    patch_workload,
     patch_workload_status,
     release_workload,
 )
@@ -114,7 +115,8 @@ def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
     """Whether applying the plan would change anything in the cluster."""
     return bool(p.status != job.status or p.create or p.delete_pods or p.force_delete_pods
                 or p.release_pods or p.delete_job or p.events or orphans
-                or p.create_workload or p.workload.status or p.workload.unfinalize
+                or p.create_workload or p.workload.status or p.workload.spec
+                or p.workload.unfinalize
                 or p.workload.label_queue)
 
 
@@ -282,6 +284,9 @@ def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -
         create_workload(kube, p.create_workload)
     if workload is not None and p.workload.status is not None:
         patch_workload_status(kube, workload, p.workload.status)
+    elif workload is not None and p.workload.spec is not None:
+        # Not with a status patch in the same round: each is guarded by the version read.
+        patch_workload(kube, workload, p.workload.spec)
     if workload is not None and p.workload.unfinalize:
         release_workload(kube, workload)
 

@@ -181,9 +181,18 @@ def create_workload(kube: Kube, manifest: Manifest) -> bool:
 def patch_workload_status(kube: Kube, workload: Manifest, patch: Manifest) -> bool:
     """Merge-patch the status with the resourceVersion read in the patch: False when the
     Workload changed since (Kueue wrote it: the next round decides again) or is gone."""
+    return _patch(kube, workload, patch, "/status")
+
+
+def patch_workload(kube: Kube, workload: Manifest, patch: Manifest) -> bool:
+    """patch_workload_status's for the Workload itself (its spec and metadata)."""
+    return _patch(kube, workload, patch, "")
+
+
+def _patch(kube: Kube, workload: Manifest, patch: Manifest, sub: str) -> bool:
     meta = workload["metadata"]
     try:
-        kube.patch(workload_path(meta["namespace"], meta["name"]) + "/status", patch)
+        kube.patch(workload_path(meta["namespace"], meta["name"]) + sub, patch)
     except KubeError as err:
         if err.conflict or err.not_found:
             return False

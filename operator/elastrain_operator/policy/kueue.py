@@ -13,6 +13,10 @@ jobframework reconciler plays for a batch Job:
   once no pod of the job is left the quota is released (admission cleared, QuotaReserved False,
   Requeued True unless deactivated), and Kueue queues the Workload again. Re-admitted, the job
   resumes from that save.
+- Suspended (spec.suspend): the Workload is deactivated (spec.active false, marked as ours),
+  so Kueue evicts it and the quota is released as above without a requeue: a suspended job
+  holds no quota and is not admitted while it cannot run. Resumed, the operator activates it
+  again, and it queues anew. A Workload an administrator deactivated stays so.
 - PodsReady is kept true while the admitted workers are ready (Kueue's waitForPodsReady would
   evict it otherwise), Finished is set when the job ends, then the finalizer is removed.
 """
@@ -31,16 +35,21 @@ from elastrain_operator.policy.failures import WorkerPod
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.render.meta import Manifest
 from elastrain_operator.render.workload import (
+    DEACTIVATED_BY,
     KUEUE_API,
+    POD_SETS_HASH,
     QUEUE_LABEL,
     RESOURCE_IN_USE,
     SPARES,
     STORE,
+    SUSPEND,
     WORKERS,
     Placement,
     Priority,
     flavor_placement,
     place,
+    pod_sets_hash,
+    render_pod_sets,
     render_workload,
     update_placement,
     with_admitted_workers,
@@ -217,6 +226,9 @@ class WorkloadWrite:
     its finalizer goes."""
 
     status: Manifest | None = None
+    # A merge patch of the Workload itself (spec.active and its DEACTIVATED_BY mark), with the
+    # resourceVersion read.
+    spec: Manifest | None = None
     unfinalize: bool = False
     event: EventSpec | None = None
     # The queue label the job is to carry: one queued in its namespace's `default` LocalQueue
@@ -289,10 +301,45 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
     if listed != list(conds.values()):
         status["conditions"] = listed
     unfinalize = ours and (bool(meta.get("deletionTimestamp")) or _true(conds, "Finished"))
-    patch = ({"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
-             if status else None)
+    version = {"resourceVersion": meta.get("resourceVersion")}
+    patch = {"metadata": version, "status": status} if status else None
     label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
-    return WorkloadWrite(status=patch, unfinalize=unfinalize, event=event, label_queue=label)
+    spec = None
+    if phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp"):
+        spec = _spec_patch(job, wl, reserved=_true(conds, "QuotaReserved"))
+    if spec:
+        spec["metadata"].update(version)
+    return WorkloadWrite(status=patch, spec=spec,
+                         event=event, unfinalize=unfinalize, label_queue=label)
+
+
+def _spec_patch(job: TrainingJob, wl: Manifest, *, reserved: bool) -> Manifest | None:
+    """What the Workload's spec is to become (a status patch cannot carry it):
+
+    - spec.active: false for a suspended job; true again once the job is resumed, for the
+      Workload we deactivated only (an administrator's deactivation stays);
+    - spec.podSets: rendered again when the job's spec changed while the Workload holds no
+      quota (Kueue refuses a change of a reserved Workload's pod sets: an admitted job runs at
+      its admission until it is evicted and queued again)."""
+    meta = wl.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    active = (wl.get("spec") or {}).get("active") is not False
+    annotations: dict[str, str | None] = {}
+    spec: Manifest = {}
+    if job.spec.suspend and active:
+        annotations[DEACTIVATED_BY] = SUSPEND
+        spec["active"] = False
+    elif not job.spec.suspend and not active and notes.get(DEACTIVATED_BY) == SUSPEND:
+        annotations[DEACTIVATED_BY] = None
+        spec["active"] = True
+    if not reserved:
+        pod_sets = render_pod_sets(job)
+        if notes.get(POD_SETS_HASH) != (digest := pod_sets_hash(pod_sets)):
+            annotations[POD_SETS_HASH] = digest
+            spec["podSets"] = pod_sets
+    if not spec:
+        return None
+    return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
 def place_pods(create: Sequence[Manifest], job: TrainingJob,

@@ -16,6 +16,7 @@ pods as Kueue's podset.Merge does for its own jobs (place()).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,6 +34,11 @@ JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
 # Kueue's jobframework puts it on every Workload it makes: the Workload stays until its job's
 # controller has let the quota go (finished) or seen its deletion.
 RESOURCE_IN_USE: Final = "kueue.x-k8s.io/resource-in-use"
+# On a Workload the operator deactivated (spec.active false) because its job is suspended: only
+# such a one is activated again on the job's resume, never one an administrator deactivated.
+DEACTIVATED_BY: Final = "elastrain.dev/deactivated-by"
+SUSPEND: Final = "spec.suspend"
+POD_SETS_HASH: Final = "elastrain.dev/pod-sets-hash"
 WORKERS: Final = "workers"
 SPARES: Final = "spares"
 STORE: Final = "store"
@@ -68,6 +74,33 @@ def _template(pod: Manifest) -> Manifest:
 
 def render_workload(job: TrainingJob, queue: str, priority: Priority | None) -> Manifest:
     """The Workload that asks Kueue for the job's quota."""
+    pod_sets = render_pod_sets(job)
+    body: Manifest = {"queueName": queue, "podSets": pod_sets}
+    if priority is not None:
+        body["priorityClassRef"] = priority.ref()
+        body["priority"] = priority.value
+    annotations = {POD_SETS_HASH: pod_sets_hash(pod_sets)}
+    if job.spec.suspend:  # created suspended: in no queue until resumed (policy.kueue)
+        body["active"] = False
+        annotations[DEACTIVATED_BY] = SUSPEND
+    return {"apiVersion": KUEUE_API, "kind": "Workload", "spec": body, "metadata": {
+        "name": workload_name(job),
+        "namespace": job.metadata.namespace,
+        "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
+        "annotations": annotations,
+        "finalizers": [RESOURCE_IN_USE],
+        "ownerReferences": [owner_reference(job)],
+    }}
+
+
+def pod_sets_hash(pod_sets: Sequence[Manifest]) -> str:
+    """What the pod sets were rendered from, in short: a job whose spec changed while its
+    Workload holds no quota gets them again (policy.kueue)."""
+    return hashlib.sha256(json.dumps(pod_sets, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def render_pod_sets(job: TrainingJob) -> list[Manifest]:
+    """The workers', the spares' and the store's pod sets."""
     spec = job.spec
     desired = spec.desired_workers
     workers: Manifest = {"name": WORKERS, "count": desired,
@@ -79,22 +112,7 @@ def render_workload(job: TrainingJob, queue: str, priority: Priority | None) -> 
         pod_sets.append({"name": SPARES, "count": spec.spares,
                          "template": _template(render_worker_pod(job, desired, 0))})
     pod_sets.append({"name": STORE, "count": 1, "template": _template(render_store_pod(job))})
-    body: Manifest = {"queueName": queue, "podSets": pod_sets}
-    if priority is not None:
-        body["priorityClassRef"] = priority.ref()
-        body["priority"] = priority.value
-    return {
-        "apiVersion": KUEUE_API,
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job),
-            "namespace": job.metadata.namespace,
-            "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
-            "finalizers": [RESOURCE_IN_USE],
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": body,
-    }
+    return pod_sets
 
 
 @dataclass(frozen=True)

@@ -187,15 +187,19 @@ class KueueQueues:
 
     def make_queue(self, *, cpu: str, name: str = "main", cohort: str | None = COHORT,
                    memory: str | None = None, node_labels: dict[str, str] | None = None,
-                   preemption: Manifest | None = None) -> str:
+                   preemption: Manifest | None = None, flavor_of: str | None = None) -> str:
         """A ResourceFlavor (with `node_labels`), a ClusterQueue with `cpu` (and `memory`) of
         quota and a LocalQueue `name` over it; returns the LocalQueue's name. Cluster-scoped
-        names carry the namespace's."""
+        names carry the namespace's. `flavor_of`: the queue made before whose flavor this one
+        uses instead (a cohort lends quota per flavor)."""
         unique = f"{self.namespace}-{name}"
         quota = {"cpu": cpu, **({"memory": memory} if memory else {})}
-        self._create_cluster_scoped("resourceflavors", make_resource_flavor(unique, node_labels))
+        flavor = f"{self.namespace}-{flavor_of}" if flavor_of else unique
+        if not flavor_of:
+            self._create_cluster_scoped("resourceflavors",
+                                        make_resource_flavor(unique, node_labels))
         self._create_cluster_scoped("clusterqueues", make_cluster_queue(
-            unique, flavor=unique, quota=quota, cohort=cohort, preemption=preemption))
+            unique, flavor=flavor, quota=quota, cohort=cohort, preemption=preemption))
         self.kube.request("POST", namespaced(KUEUE, self.namespace, "localqueues"),
                           body=make_local_queue(name, self.namespace, cluster_queue=unique))
         return name

@@ -1,8 +1,9 @@
 """TrainingJobs under real Kueue (v0.17.0) and the real apiserver, with the operator as a process:
 queued until admitted, partial admission, preemption that stops the pods and releases the quota
-before Kueue admits the preemptor, the namespace's `default` LocalQueue and Kueue's pod
-integration. No kubelet: the tests drive pod status as the operator tier does (FakeKubelet
-confirms deletions), so a worker's save on SIGTERM is the e2e tier's to show."""
+before Kueue admits the preemptor, cohort reclaim, deactivation and a suspend, a spec changed
+while queued, the namespace's `default` LocalQueue and Kueue's pod integration. No kubelet: the
+tests drive pod status as the operator tier does (FakeKubelet confirms deletions), so a
+worker's save on SIGTERM is the e2e tier's to show."""
 
 from __future__ import annotations
 
@@ -117,15 +118,20 @@ def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_fl
         q := kcluster.status("demo").get("queue") or {}) and (
         "insufficient" in q.get("message", "") or "quota" in q.get("message", "")) and q)
     assert (queued["name"], queued["state"]) == (queue, "Queued")
+    # A spec changed while queued reaches the Workload, which holds no quota yet.
+    kcluster.kube.patch(kcluster.job_path("demo"), {"spec": {"replicas": 3}})
+    wait_for("the Workload asking for 3 workers", lambda: (w := workload_of(kq, "demo")) and {
+        s["name"]: s["count"] for s in w["spec"]["podSets"]}["workers"] == 3)
 
     kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "blocker"))
-    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"],
+                          timeout=STARTED)
     pods = wait_for("the store pod too", lambda: (p := all_pods(kcluster, "demo")) and
-                    len(p) == 3 and p)
+                    len(p) == 4 and p)
     for pod in pods.values():
         assert pod["spec"]["nodeSelector"][POOL] == "a", pod["metadata"]["name"]
     status = kcluster.status("demo")
-    assert (status["queue"]["state"], status["queue"]["admittedWorkers"]) == ("Admitted", 2)
+    assert (status["queue"]["state"], status["queue"]["admittedWorkers"]) == ("Admitted", 3)
     assert kcluster.condition("Admitted")["status"] == "True"
     kcluster.run_all("demo")
     wait_for("PodsReady on the Workload",
@@ -184,6 +190,75 @@ def test_a_preempted_job_stops_releases_its_quota_and_resumes_when_admitted_agai
     status = kcluster.status("demo")
     assert (status["preemptions"], status["restarts"]) == (0, 0)
     assert status["queue"]["state"] == "Admitted"
+
+
+def test_reclaimed_by_its_cohort_a_borrowing_job_stops_and_lends_the_quota_back(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    # The job's ClusterQueue has no quota of its own: it borrows the lender's, which the
+    # lender takes back for a Workload of its own (Kueue's reclaimWithinCohort).
+    lender = kq.make_queue(name="lender", cpu="1100m", memory="8Gi",
+                           preemption={"reclaimWithinCohort": "Any"})
+    borrower = kq.make_queue(name="borrower", cpu="0", memory="0", flavor_of=lender)
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: borrower}, replicas=2, minReplicas=2)
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
+    kcluster.run_all("demo")
+    kq.create_workload(make_workload("owner", queue=lender, cpu="1"))
+    wait_for("the lender's Workload admitted", lambda: admitted(kq.workload("owner")), timeout=90)
+    assert all_pods(kcluster, "demo") == {}
+    wl = workload_of(kq, "demo")
+    assert wl is not None and wl["status"].get("admission") is None
+    assert condition(wl, "Preempted")["reason"] == "InCohortReclamation"  # type: ignore[index]
+    assert condition(wl, "Requeued")["status"] == "True"  # type: ignore[index]
+    evicted = kcluster.events("EvictedByKueue")
+    assert evicted and "InCohortReclamation" in evicted[0]["message"], evicted
+    status = kcluster.status("demo")
+    assert (status["phase"], status["preemptions"], status["restarts"]) == ("Queued", 0, 0)
+
+
+def test_deactivated_the_job_stops_unqueued_and_suspended_it_holds_no_quota(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    queue = kq.make_queue(cpu="1100m", memory="8Gi")
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue}, replicas=2, minReplicas=2)
+    kcluster.wait_workers(["demo-worker-0-0", "demo-worker-1-0"], timeout=STARTED)
+    kcluster.run_all("demo")
+    name = workload_of(kq, "demo")["metadata"]["name"]  # type: ignore[index]
+    path = namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", name)
+
+    # An administrator deactivates the Workload: the job stops, the quota goes, no requeue.
+    kq.kube.patch(path, {"spec": {"active": False}})
+    wait_for("the quota released", lambda: (w := kq.workload(name)) and
+             condition(w, "Requeued") and not w["status"].get("admission") and w)
+    assert all_pods(kcluster, "demo") == {}
+    assert condition(kq.workload(name), "Requeued")["status"] == "False"  # type: ignore[index]
+    queued = wait_for("the job told why", lambda: (
+        q := kcluster.status("demo").get("queue") or {}) and "deactivated" in q["message"] and q)
+    assert queued["state"] == "Queued"
+    assert kq.workload(name)["spec"]["active"] is False  # type: ignore[index]  # left so
+
+    # Active again: admitted again, the pods come back.
+    kq.kube.patch(path, {"spec": {"active": True}})
+    kcluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"], timeout=60)
+    kcluster.run_all("demo")
+
+    # The user suspends the job: the operator deactivates its Workload, so the quota it held
+    # is free for another Workload while the job is suspended.
+    kcluster.kube.patch(kcluster.job_path("demo"), {"spec": {"suspend": True}})
+    kq.create_workload(make_workload("other", queue=queue, cpu="1"))
+    wait_for("the other Workload admitted in the quota the job held",
+             lambda: admitted(kq.workload("other")), timeout=90)
+    assert all_pods(kcluster, "demo") == {}
+    wl = kq.workload(name)
+    assert wl is not None and wl["spec"]["active"] is False
+    assert condition(wl, "Evicted")["reason"] == "Deactivated"  # type: ignore[index]
+    assert kcluster.status("demo")["phase"] == "Suspended"
+    kq.kube.delete(namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", "other"))
+    kcluster.kube.patch(kcluster.job_path("demo"), {"spec": {"suspend": False}})
+    kcluster.wait_workers(["demo-worker-0-2", "demo-worker-1-2"], timeout=60)
+    assert kq.workload(name)["spec"].get("active", True) is True  # type: ignore[index]
+    status = kcluster.status("demo")
+    assert (status["preemptions"], status["restarts"]) == (0, 0)
 
 
 def test_the_default_local_queue_queues_new_jobs_and_kueue_leaves_their_pods_alone(

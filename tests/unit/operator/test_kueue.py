@@ -24,6 +24,10 @@ from elastrain_operator.policy.kueue import (
 )
 from elastrain_operator.policy.planning import plan
 from elastrain_operator.render.workload import (
+    DEACTIVATED_BY as DEACTIVATED,
+)
+from elastrain_operator.render.workload import (
+    POD_SETS_HASH,
     Placement,
     Priority,
     flavor_placement,
@@ -264,6 +268,60 @@ def test_a_deactivated_eviction_is_released_without_a_requeue() -> None:
     assert write.status is not None
     conds = {x["type"]: x for x in write.status["status"]["conditions"]}
     assert conds["Requeued"]["status"] == "False"
+
+
+def current(j: TrainingJob, wl: Manifest) -> Manifest:
+    """`wl` with the pod sets `j` renders, as the operator made it."""
+    made = render_workload(j, "team", None)
+    wl["spec"]["podSets"] = made["spec"]["podSets"]
+    wl["metadata"].setdefault("annotations", {})[POD_SETS_HASH] = \
+        made["metadata"]["annotations"][POD_SETS_HASH]
+    return wl
+
+
+def spec_write(j: TrainingJob, wl: Manifest) -> Any:
+    view = KueueView(queue="team", workload=wl)
+    return workload_write(j, view, derive_gate(j, view), pods_left=False, ready_workers=0,
+                          phase="Suspended" if j.spec.suspend else "Queued", now=T0).spec
+
+
+def test_a_suspended_job_deactivates_its_workload_and_its_resume_activates_only_ours() -> None:
+    suspended, resumed = job(suspend=True), job()
+    off = spec_write(suspended, current(resumed, workload(*ADMITTED, workers=2)))
+    assert off == {"metadata": {"resourceVersion": "7",
+                                "annotations": {DEACTIVATED: "spec.suspend"}},
+                   "spec": {"active": False}}
+    queued = current(resumed, workload(cond("QuotaReserved", False)))
+    assert spec_write(suspended, queued)["spec"]["active"] is False  # nor admitted later
+    ours = current(resumed, workload(cond("QuotaReserved", False)))
+    ours["spec"]["active"] = False
+    ours["metadata"]["annotations"][DEACTIVATED] = "spec.suspend"
+    assert spec_write(suspended, ours) is None  # done already
+    assert spec_write(resumed, ours) == {"metadata": {
+        "resourceVersion": "7", "annotations": {DEACTIVATED: None}}, "spec": {"active": True}}
+    theirs = current(resumed, workload(cond("QuotaReserved", False)))
+    theirs["spec"]["active"] = False  # an administrator's deactivation stays
+    assert spec_write(resumed, theirs) is None
+    assert spec_write(resumed, current(resumed, workload(*ADMITTED, workers=2))) is None
+    made = render_workload(suspended, "team", None)
+    assert made["spec"]["active"] is False
+    assert made["metadata"]["annotations"][DEACTIVATED] == "spec.suspend"
+    assert "active" not in render_workload(resumed, "team", None)["spec"]
+
+
+def test_a_spec_change_reaches_the_pod_sets_of_a_workload_holding_no_quota_only() -> None:
+    before, after = job(replicas=2), job(replicas=3, resources={"requests": {"cpu": "2"}})
+    waiting = current(before, workload(cond("QuotaReserved", False)))
+    patch = spec_write(after, waiting)
+    assert patch is not None and patch["metadata"]["resourceVersion"] == "7"
+    sets = {s["name"]: s for s in patch["spec"]["podSets"]}
+    assert sets["workers"]["count"] == 3
+    worker = sets["workers"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"]["cpu"] == "2"
+    assert patch["metadata"]["annotations"][POD_SETS_HASH] == \
+        render_workload(after, "team", None)["metadata"]["annotations"][POD_SETS_HASH]
+    assert spec_write(before, waiting) is None  # unchanged
+    assert spec_write(after, current(before, workload(*ADMITTED, workers=2))) is None
 
 
 def test_pods_ready_finished_and_the_finalizer() -> None:
