@@ -94,6 +94,15 @@ def all_pods(cluster: Cluster, job: str) -> dict[str, Manifest]:
     return {**cluster.pods(job), **cluster.pods(job, role="rdzv-store")}
 
 
+def released_and_requeued(kq: KueueQueues, cluster: Cluster, job: str) -> Manifest:
+    """The job's Workload once evicted: no pod of the job left, admission cleared, requeued."""
+    assert all_pods(cluster, job) == {}
+    wl = workload_of(kq, job)
+    assert wl is not None and wl["status"].get("admission") is None
+    assert condition(wl, "Requeued")["status"] == "True"  # type: ignore[index]
+    return wl
+
+
 def test_a_queued_job_creates_no_pod_until_admitted_then_runs_on_the_admitted_flavor(
         kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
     kq = kueue_queues
@@ -176,10 +185,7 @@ def test_a_preempted_job_stops_releases_its_quota_and_resumes_when_admitted_agai
     # Kueue admits the preemptor only once the victim's quota is released, which the
     # operator does once the job's pods are gone.
     wait_for("the preemptor admitted", lambda: admitted(kq.workload("urgent")), timeout=90)
-    assert all_pods(kcluster, "demo") == {}
-    wl = workload_of(kq, "demo")
-    assert wl is not None and wl["status"].get("admission") is None
-    assert condition(wl, "Requeued")["status"] == "True"  # type: ignore[index]
+    wl = released_and_requeued(kq, kcluster, "demo")
     assert condition(wl, "Evicted")["reason"] == "Preempted"  # type: ignore[index]
     wait_for("the job Queued", lambda: kcluster.status("demo").get("phase") == "Queued")
     assert {e["reason"] for e in kcluster.events("EvictedByKueue") +
@@ -205,11 +211,8 @@ def test_reclaimed_by_its_cohort_a_borrowing_job_stops_and_lends_the_quota_back(
     kcluster.run_all("demo")
     kq.create_workload(make_workload("owner", queue=lender, cpu="1"))
     wait_for("the lender's Workload admitted", lambda: admitted(kq.workload("owner")), timeout=90)
-    assert all_pods(kcluster, "demo") == {}
-    wl = workload_of(kq, "demo")
-    assert wl is not None and wl["status"].get("admission") is None
+    wl = released_and_requeued(kq, kcluster, "demo")
     assert condition(wl, "Preempted")["reason"] == "InCohortReclamation"  # type: ignore[index]
-    assert condition(wl, "Requeued")["status"] == "True"  # type: ignore[index]
     evicted = kcluster.events("EvictedByKueue")
     assert evicted and "InCohortReclamation" in evicted[0]["message"], evicted
     status = kcluster.status("demo")
