@@ -8,18 +8,24 @@
 `make test-durations TIER=e2e`). Besides the times it reports the machine's CPU busy share over
 the run (from /proc/stat): a tier whose tests mostly wait (heartbeats, timeouts, servers) has
 room for running tests side by side; one whose CPU is busy does not. And how many Python
-processes each test started, and how many of them imported torch (tests/startcount/: each
-such start costs 2-3 s of CPU here before it does anything): the run loads this module as a
-pytest plugin, whose hook names the running test in the environment the test's processes
-inherit. Pods of the e2e tier run in containers and are not counted.
+processes each test started (cold, and warm from tests/warmstart's fork server), how many of
+the cold ones imported torch (tests/startcount/: each such start costs 2-3 s of CPU here before
+it does anything) and the CPU each test used: its processes' (noted at their exit) and the
+pytest process's own. Tests run side by side (pytest-xdist), so a test's wall time says little
+of what it costs the run; its CPU does. The run loads this module as a pytest plugin, whose
+hook names the running test in the environment the test's processes inherit. The servers'
+CPU (apiserver, etcd, MinIO) is nobody's; pods of the e2e tier run in containers and are not
+counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -40,36 +46,94 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """(A pytest hook, active when this module is loaded with -p.) The processes a test starts
     (its fixtures' included) inherit its node id."""
     os.environ[TEST_ENV] = item.nodeid
+    before = _own_cpu()
     try:
         return (yield)
     finally:
         os.environ.pop(TEST_ENV, None)
+        _note_own_cpu(item.nodeid, _own_cpu() - before)
 
 
-def starts(directory: Path) -> dict[str, list[bool]]:
-    """Per test: one entry per Python process it started, True where that process imported
-    torch."""
-    per_test: dict[str, list[bool]] = collections.defaultdict(list)
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _note_own_cpu(nodeid: str, cpu: float) -> None:
+    """The pytest process's own CPU in a test (its fixtures, its polling), beside its starts."""
+    directory = os.environ.get(STARTS_ENV)
+    if not directory:
+        return
+    path = Path(directory) / f"pytest-{os.getpid()}-{len(nodeid)}-{os.urandom(4).hex()}.jsonl"
+    with contextlib.suppress(OSError):
+        path.write_text(json.dumps({"test": nodeid, "pytest": True}) + "\n"
+                        + json.dumps({"cpu": cpu}) + "\n")
+
+
+class Usage:
+    """What one test's processes cost: starts cold and warm, torch imports paid, CPU noted."""
+
+    def __init__(self) -> None:
+        self.cold = self.warm = self.torch = self.unnoted = 0
+        self.cpu = self.own_cpu = 0.0
+
+    def add(self, lines: list[dict[str, Any]]) -> None:
+        head, rest = lines[0], lines[1:]
+        cpu = [line["cpu"] for line in rest if "cpu" in line]
+        if head.get("pytest"):
+            self.own_cpu += sum(cpu)
+            return
+        if head.get("warm"):
+            self.warm += 1
+        else:
+            self.cold += 1
+            self.torch += any("torch" in line for line in rest)
+        if cpu:
+            self.cpu += sum(cpu)
+        else:
+            self.unnoted += 1  # killed by a signal before it could note its CPU
+
+
+def usage(directory: Path) -> dict[str, Usage]:
+    """Per test: its processes' starts and CPU (cold starts noted by tests/startcount, warm
+    ones by the fork server, the pytest process's own by this module's hook)."""
+    per_test: dict[str, Usage] = collections.defaultdict(Usage)
     for path in directory.glob("*.jsonl"):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if lines and lines[0].get("test"):
-            per_test[lines[0]["test"]].append(any("torch" in line for line in lines[1:]))
+            per_test[lines[0]["test"]].add(lines)
     return per_test
 
 
 def starts_report(directory: Path, top: int) -> str:
-    per_test = starts(directory)
-    python = sum(len(v) for v in per_test.values())
-    torch_starts = {test: sum(v) for test, v in per_test.items()}
-    per_module: dict[str, int] = collections.Counter()
-    for test, n in torch_starts.items():
-        per_module[test.split("::", 1)[0]] += n
-    lines = [f"Python processes started by tests: {python}, of which imported torch: "
-             f"{sum(torch_starts.values())}", "", "torch starts per module:"]
-    lines += [f"  {n:6d}  {module}" for module, n in per_module.most_common() if n]
-    lines += ["", f"most torch starts, {top} tests:"]
-    lines += [f"  {n:6d}  {test}" for test, n in
-              sorted(torch_starts.items(), key=lambda kv: -kv[1])[:top] if n]
+    per_test = usage(directory)
+    total = Usage()
+    per_module: dict[str, Usage] = collections.defaultdict(Usage)
+    for test, u in per_test.items():
+        for into in (total, per_module[test.split("::", 1)[0]]):
+            into.cold += u.cold
+            into.warm += u.warm
+            into.torch += u.torch
+            into.unnoted += u.unnoted
+            into.cpu += u.cpu
+            into.own_cpu += u.own_cpu
+
+    def row(u: Usage, name: str) -> str:
+        return (f"  {u.cpu + u.own_cpu:8.1f} {u.cpu:8.1f} {u.own_cpu:7.1f} {u.cold:5d} "
+                f"{u.torch:5d} {u.warm:5d} {u.unnoted:5d}  {name}")
+
+    header = (f"  {'cpu s':>8} {'procs':>8} {'pytest':>7} {'cold':>5} {'torch':>5} "
+              f"{'warm':>5} {'unnot':>5}")
+    lines = [f"Python processes started by tests: {total.cold + total.warm} "
+             f"({total.cold} cold, {total.torch} of them imported torch; {total.warm} warm); "
+             f"CPU noted: {total.cpu:.0f} s in them, {total.own_cpu:.0f} s in pytest "
+             f"({total.unnoted} ended by a signal noted none; servers are not counted)",
+             "", "per module (CPU s: all, the tests' processes, pytest's own; starts):", header]
+    lines += [row(u, m) for m, u in
+              sorted(per_module.items(), key=lambda kv: -(kv[1].cpu + kv[1].own_cpu))]
+    lines += ["", f"most CPU, {top} tests:", header]
+    lines += [row(u, t) for t, u in
+              sorted(per_test.items(), key=lambda kv: -(kv[1].cpu + kv[1].own_cpu))[:top]]
     return "\n".join(lines)
 
 

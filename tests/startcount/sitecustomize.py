@@ -3,17 +3,21 @@ otherwise): the durations run puts this directory first on PYTHONPATH and names 
 ELASTRAIN_TEST_STARTS, so every Python process a test starts (torchrun agents, trainers,
 scripts, helpers) writes one file there: the test that was running (ELASTRAIN_TEST_NODEID, set
 by tests/durations.py's hook around each test), its command line, and whether it imported
-torch (a finder first on sys.meta_path notes the import and finds nothing itself). Processes
-forked without exec (DataLoader workers) are not starts and are not counted.
+torch (a finder first on sys.meta_path notes the import and finds nothing itself), and at a
+clean exit the CPU it used. Processes forked without exec (DataLoader workers) are not starts
+and are not counted; warm starts (tests/warmstart) are noted by the fork server instead, with
+their CPU, since a forked child runs no sitecustomize.
 
 It shadows Debian's own sitecustomize (apport's crash hook), which it runs first if present.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 
@@ -48,6 +52,16 @@ class _TorchImportNote:
                 pass
 
 
+def _note_cpu(path: str) -> None:
+    """This process's own CPU at a clean exit (a process killed by a signal notes none)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}) + "\n")
+    except OSError:
+        pass
+
+
 if _dir:
     try:
         with open("/proc/self/cmdline", "rb") as f:
@@ -57,5 +71,6 @@ if _dir:
             f.write(json.dumps({"test": os.environ.get("ELASTRAIN_TEST_NODEID", ""),
                                 "cmd": _cmd[:6], "start": time.time()}) + "\n")
         sys.meta_path.insert(0, _TorchImportNote(_file))  # type: ignore[arg-type]
+        atexit.register(_note_cpu, _file)
     except OSError:
         pass

@@ -86,6 +86,23 @@ def note_child(path: str, shim_pid: object, pid: int) -> None:
     os.replace(tmp, os.path.join(directory, str(shim_pid)))
 
 
+def note_cpu(request: dict[str, Any], usage: Any) -> None:
+    """Under `python -m tests.durations` (ELASTRAIN_TEST_STARTS in the child's environment): one
+    file per warm child, as tests/startcount does for a cold start, with the CPU it used (its
+    own and its waited-for children's, e.g. a DataLoader's workers)."""
+    env = request.get("env") or {}
+    directory = env.get("ELASTRAIN_TEST_STARTS")
+    if not directory:
+        return
+    cpu = usage.ru_utime + usage.ru_stime
+    record = {"test": env.get("ELASTRAIN_TEST_NODEID", ""), "cmd": [request.get("target")],
+              "warm": True, "start": 0}
+    with contextlib.suppress(OSError), open(
+            os.path.join(directory, f"warm-{os.getpid()}-{id(usage)}-{os.urandom(4).hex()}.jsonl"),
+            "w") as f:
+        f.write(json.dumps(record) + "\n" + json.dumps({"cpu": cpu}) + "\n")
+
+
 def reply(conn: socket.socket, message: dict[str, int]) -> None:
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps(message).encode() + b"\n")
@@ -99,7 +116,8 @@ def serve(path: str) -> tuple[dict[str, Any], list[int], socket.socket] | None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(0, selectors.EVENT_READ, "parent")
-    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    # pidfd -> (pid, connection, request)
+    children: dict[int, tuple[int, socket.socket, dict[str, Any]]] = {}
     while True:
         for key, _ in selector.select():
             if key.data == "parent":
@@ -116,7 +134,7 @@ def serve(path: str) -> tuple[dict[str, Any], list[int], socket.socket] | None:
                 if pid == 0:
                     selector.close()
                     listener.close()
-                    for pidfd, (_, other) in children.items():
+                    for pidfd, (_, other, _) in children.items():
                         os.close(pidfd)
                         other.close()
                     return request, fds, conn
@@ -124,14 +142,15 @@ def serve(path: str) -> tuple[dict[str, Any], list[int], socket.socket] | None:
                     os.close(fd)
                 note_child(path, request.get("shim_pid"), pid)
                 pidfd = os.pidfd_open(pid)
-                children[pidfd] = (pid, conn)
+                children[pidfd] = (pid, conn, request)
                 selector.register(pidfd, selectors.EVENT_READ, "child")
                 reply(conn, {"pid": pid})
             else:
-                pid, conn = children.pop(key.fd)
+                pid, conn, request = children.pop(key.fd)
                 selector.unregister(key.fd)
                 os.close(key.fd)
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
+                note_cpu(request, usage)
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
                 if os.WIFSIGNALED(status):
