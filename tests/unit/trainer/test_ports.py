@@ -31,8 +31,13 @@ def test_a_taken_port_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> No
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
-        picks = iter([taken, taken, taken + 1 if taken + 1 < 65536 else taken - 1])
-        monkeypatch.setattr(ports.random, "randrange", lambda lo, hi: next(picks))
+        # The taken port twice, then whatever randrange gives: a fixed third pick (its
+        # neighbour) was once in use too, by another pytest worker's server, and the picks ran
+        # out (StopIteration in a fresh-clone run with 4 workers, 2026-12-02).
+        picks = [taken, taken]
+        real = ports.random.randrange
+        monkeypatch.setattr(ports.random, "randrange",
+                            lambda lo, hi: picks.pop(0) if picks else real(lo, hi))
         monkeypatch.setattr(ports, "ephemeral_start", lambda: 65536)
         assert ports.free_port() != taken
 
