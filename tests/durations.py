@@ -94,6 +94,11 @@ class Usage:
             self.unnoted += 1  # killed by a signal before it could note its CPU
 
 
+    def merge(self, other: Usage) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
 def usage(directory: Path) -> dict[str, Usage]:
     """Per test: its processes' starts and CPU (cold starts noted by tests/startcount, warm
     ones by the fork server, the pytest process's own by this module's hook)."""
@@ -110,13 +115,8 @@ def starts_report(directory: Path, top: int) -> str:
     total = Usage()
     per_module: dict[str, Usage] = collections.defaultdict(Usage)
     for test, u in per_test.items():
-        for into in (total, per_module[test.split("::", 1)[0]]):
-            into.cold += u.cold
-            into.warm += u.warm
-            into.torch += u.torch
-            into.unnoted += u.unnoted
-            into.cpu += u.cpu
-            into.own_cpu += u.own_cpu
+        total.merge(u)
+        per_module[test.split("::", 1)[0]].merge(u)
 
     def row(u: Usage, name: str) -> str:
         return (f"  {u.cpu + u.own_cpu:8.1f} {u.cpu:8.1f} {u.own_cpu:7.1f} {u.cold:5d} "
