@@ -6,14 +6,16 @@ server.py (a fork server, one per pytest process, no threads) and puts shim.py w
 looked for: `sys.executable` of the pytest process and torchrun's PYTHON_EXEC (the launcher's
 workers) name the shim, and ELASTRAIN_FORKSERVER the server's socket, in os.environ, which the
 tests hand to what they start. The shim runs leaf processes warm (the built-in trainer, a
-user's script, `python -c`, torchrun's workers) and execs the real interpreter for everything
-else, which is what a test of a launcher, the CLI or the operator starts (shim.py's COLD).
+user's script, `python -c`, elastrain's launcher and CLI, torchrun's workers) and execs the
+real interpreter for everything else, which is what a test of torchrun or the operator starts
+(shim.py's COLD).
 
 What a warm child keeps of the server: the modules it imported (a PYTHONPATH that shadows one
 of them is not seen), Python's hash seed, and OpenBLAS's one thread. What differs for the test:
 the PID a parent holds is the shim's (signals are relayed, SIGKILL through the child's watch of
-the shim, see server.py; `started_pid` gives the child's, which is what the process reports as
-its own) and the child is not its descendant in /proc. Not for a test about
+the shim, see server.py, which also ends the child's descendants in other sessions; `started_pid`
+gives the child's, which is what the process reports as its own) and the child is not its
+descendant in /proc. Not for a test about
 start-up: ELASTRAIN_WARM_START=0 in a process's environment turns it off for it and what it
 starts; in the test run's environment, for the run (`make test-e2e` does).
 """

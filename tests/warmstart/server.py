@@ -197,12 +197,41 @@ def stdio(unbuffered: bool) -> None:
     sys.stderr = sys.__stderr__ = text(2, "wb", errors="backslashreplace", line_buffering=True)
 
 
+def descendants() -> list[int]:
+    """This process's live descendants, whatever their session (torch starts each of a
+    launcher's workers in one of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def watch_shim(conn: socket.socket) -> None:
-    """The shim died (its connection closed): end this child's group, as its SIGKILL would."""
+    """The shim died (its connection closed): end this child's group, as its SIGKILL would,
+    and its descendants in other sessions, as a pod's end would (a warm launcher's workers:
+    a test that SIGKILLs a launcher's shim means the pod; a cold launcher's workers were
+    killed by the test's own walk of /proc, which cannot see past the shim)."""
     def watch() -> None:
         with contextlib.suppress(OSError):
             while conn.recv(4096):
                 pass
+        # Twice: a process started between the first walk and its kills is found by the second.
+        for _ in range(2):
+            for pid in descendants():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="warmstart-watch", daemon=True).start()

@@ -9,8 +9,14 @@ same exit code, or killed by the same signal). For anything else it execs the re
 - ELASTRAIN_WARM_START=0, or no ELASTRAIN_FORKSERVER in the environment, or the server not
   reachable;
 - options other than -u and -B, an interactive start, more descriptors than one message carries;
-- `-m` of a program that starts trainer processes or servers of its own, or whose test is about
-  its process (COLD): it runs cold, and what it starts comes back here (torchrun's PYTHON_EXEC).
+- `-m` of a program whose test is about its process or that starts servers of its own (COLD):
+  it runs cold, and what it starts comes back here (torchrun's PYTHON_EXEC).
+
+elastrain's launcher and CLI run warm (~2 s of CPU each, some 200 per run; the CLI's local
+runner starts its launchers through this shim, its sys.executable): a test signals one through
+this shim, which relays, and a SIGKILL of this shim ends it and its workers, whatever their
+session, as a pod's end would (server.py, watch_shim). A test that walks /proc from it starts
+at `tests.warmstart.started_pid`.
 """
 
 # REAL = "<path>" is written above this line when the shim is installed.
@@ -23,8 +29,8 @@ import socket
 import struct
 import sys
 
-COLD = ("elastrain_trainer.launch", "torch.distributed.run", "elastrain_cli",
-        "elastrain_operator", "pytest", "tests.durations", "pip", "venv")
+COLD = ("torch.distributed.run", "elastrain_operator", "pytest", "tests.durations", "pip",
+        "venv")
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
            signal.SIGUSR2)
 MAX_FDS = 253  # SCM_MAX_FD

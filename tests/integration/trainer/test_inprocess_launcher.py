@@ -98,9 +98,13 @@ class Pods:
     def stepped(self) -> int:
         return max((r["step"] for r in self.all_records() if r["event"] == "step"), default=0)
 
+    def launcher_pid(self, node: str) -> int:
+        """The launcher's own PID (a warm start's, not its shim's: tests/warmstart)."""
+        return started_pid(self.procs[node].pid)
+
     def worker_pid(self, node: str) -> int | None:
         """The launcher's worker: its one child process (torchrun standalone, one rank)."""
-        pid = self.procs[node].pid
+        pid = self.launcher_pid(node)
         kids: list[int] = []
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
@@ -123,9 +127,9 @@ class Pods:
 
     def signal_pod(self, node: str, sig: signal.Signals) -> None:
         """`sig` to every process of the pod: the launcher's process group and its worker's
-        (torch starts each worker in a session of its own)."""
+        (torch starts each worker in a session of its own), and a warm start's shims."""
         worker = self.worker_pid(node)
-        for group in (self.procs[node].pid, worker):
+        for group in (self.launcher_pid(node), worker, self.procs[node].pid):
             if group is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, sig)

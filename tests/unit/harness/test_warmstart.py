@@ -161,3 +161,20 @@ def test_what_a_finished_child_left_in_its_group_is_ended(warm: WarmStart) -> No
     left = child_pid(proc)
     assert proc.wait(30) == 0
     assert gone(left)
+
+
+def test_a_sigkilled_shim_takes_its_childs_descendants_in_other_sessions_with_it(
+        warm: WarmStart) -> None:
+    """As a warm launcher's workers are (torch starts each in a session of its own): a test
+    that SIGKILLs the launcher's shim ends the pod, and /proc cannot lead it past the shim."""
+    code = ("import os, subprocess, time\n"
+            "helper = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+            "print(helper.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([str(warm.shim), "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=env(warm))
+    helper = child_pid(proc)
+    assert not gone(helper, timeout=0.5)
+    proc.kill()
+    assert proc.wait(10) == -signal.SIGKILL
+    assert gone(helper)
