@@ -169,9 +169,13 @@ def test_a_worker_that_aborts_after_every_node_finished_ends_the_run_without_a_r
     barrier for it). Seen failing without launch/agent.py's finished-world check: agent-0
     exits 1, agent-2 is started and waits for a world that has ended."""
     out = run_plain(tmp_path, ABORTS_AFTER_THE_WORLD_FINISHED_PY)
-    log = (out / "agent-0.log").read_text()
-    assert "elastrain: warning: worker crashed: rank 0, killed by SIGABRT" in log, log[-2000:]
-    assert "after all 2 nodes finished training" in log, log[-2000:]
+    # Rank 0 is whichever agent the rendezvous ranked first, not always agent-0 (seen on
+    # agent-1 in a fresh-clone run with warm launchers).
+    logs = {log.stem: log.read_text() for log in sorted(out.glob("agent-*.log"))}
+    warned = [name for name, log in logs.items()
+              if "elastrain: warning: worker crashed: rank 0, killed by SIGABRT" in log]
+    assert len(warned) == 1, {name: log[-2000:] for name, log in logs.items()}
+    assert "after all 2 nodes finished training" in logs[warned[0]], logs[warned[0]][-2000:]
 
 
 FINAL_SAVE_FAILS_PY = '''\
