@@ -60,9 +60,9 @@ test-unit: venv  ## pure tests, seconds, no servers
 # The e2e tier is a target of its own (make test-e2e): with it, CI on a cold machine took ~74 min,
 # past the 60 min it must stay under to leave CI's 90 min limit a margin. `make test-all` runs both.
 # Its tests mostly wait (on servers, torchrun's rendezvous, heartbeats): with warm starts
-# (tests/warmstart) two workers kept the machine's 2 cores about half busy, and three 70%
-# (2026-12-02: 2050 s of CPU in a 24.5 min run, the workers busy 94% of it, so the run was
-# bound by the tests' waits, not the CPU). TEST_WORKERS pytest-xdist workers share them, each
+# (tests/warmstart, launchers and the CLI included) four workers keep the machine's 2 cores
+# 60-70% busy (2026-12-05: ~1,150 s of CPU in a 13-16 min run, so the run is bound by the
+# tests' waits, not the CPU). TEST_WORKERS pytest-xdist workers share them, each
 # with its own servers (tests/conftest.py); worksteal evens out modules of very different
 # lengths.
 TEST_WORKERS ?= 4
