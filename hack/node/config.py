@@ -25,6 +25,11 @@ LOCK_FILE = Path("/run/lock/elastrain-node.lock")
 OWNER_FILE = RUN_DIR / "owner.json"
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 FIREWALL_CHAIN = "ELASTRAIN-NODE"
+# Paths the node's parts write whatever we configure: containerd 1.6's shim and runc dirs, the
+# CRI's pod network namespaces, CNI's result cache, the kubelet's pod logs. Node 1 removes those
+# it created (host.cleanup_host); node 2 mounts private ones over them (second_config).
+FIXED_HOST_DIRS = (Path("/run/containerd"), Path("/run/netns"), Path("/var/lib/cni"),
+                   Path("/var/log/pods"))
 # Every node's pod CIDR lies in it: a pod routes it through its node, so pods reach pods (and
 # node addresses) on the other node. Without a second node the host has no route for the rest
 # of it, and the firewall chain drops what would leave by the default route.

@@ -14,7 +14,8 @@ What the node changes on the host, and how `cleanup_host` undoes it (note, pitfa
   (install_service_rule says why); deleted at the end;
 - mounts under RUN_DIR (pod volumes, container rootfs, sandbox shm) and /run/netns/cni-*;
 - cgroups: /kubepods in every hierarchy;
-- RUN_DIR itself, and /run/containerd when containerd 1.6's shims created it (fixed paths).
+- RUN_DIR itself, and those of config.FIXED_HOST_DIRS (/run/containerd, /run/netns,
+  /var/lib/cni, /var/log/pods) that did not exist before the node.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -50,7 +51,6 @@ BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 IPSET_PREFIXES = ("KUBE-", "kube-router")  # kube-router's; nothing else here makes ipsets
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/run/netns")
-CONTAINERD_FIXED_DIR = Path("/run/containerd")
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -311,7 +311,7 @@ def remove_cgroup_tree(top: Path) -> None:
             path.rmdir()
 
 
-def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool,
+def cleanup_host(*, ip_forward_before: str | None, created_dirs: Sequence[str],
                  bridge_nf_before: str | None = None) -> None:
     """Everything the module docstring lists, in an order that works with processes gone."""
     remove_iptables_chains()
@@ -326,6 +326,6 @@ def cleanup_host(*, ip_forward_before: str | None, containerd_dir_existed: bool,
     if bridge_nf_before:
         write_bridge_netfilter(bridge_nf_before)
     shutil.rmtree(RUN_DIR, ignore_errors=True)
-    if not containerd_dir_existed:
-        unmount_under(CONTAINERD_FIXED_DIR)
-        shutil.rmtree(CONTAINERD_FIXED_DIR, ignore_errors=True)
+    for directory in map(Path, created_dirs):
+        unmount_under(directory)
+        shutil.rmtree(directory, ignore_errors=True)

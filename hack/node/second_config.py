@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hack.node.config import BRIDGE, CLUSTER_POD_CIDR, NodeNet
+from hack.node.config import BRIDGE, CLUSTER_POD_CIDR, FIXED_HOST_DIRS, NodeNet
 
 NAME = "elastrain-node-2"
 POD_CIDR = "10.244.1.0/24"
@@ -35,8 +35,7 @@ NET_NS = RUN_DIR / "net"  # bind mounts that keep the namespaces alive without a
 MNT_NS = RUN_DIR / "mnt"
 FIREWALL_CHAIN = "ELASTRAIN-NODE2"
 # Mounted (tmpfs) over these inside node 2's mount namespace; the module docstring says why.
-PRIVATE_DIRS = (Path("/run/containerd"), Path("/run/netns"), Path("/var/lib/cni"),
-                Path("/var/log/pods"))
+PRIVATE_DIRS = FIXED_HOST_DIRS
 
 SECOND = NodeNet(name=NAME, bridge=BRIDGE2, ip=NODE_IP, pod_cidr=POD_CIDR,
                  range_start="10.244.1.10", probe_address=NODE_IP, cgroup_root=f"/{CGROUP_ROOT}")

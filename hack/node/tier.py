@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hack.cluster_state import ClusterError, State
 from hack.node import host
-from hack.node.config import NODE_IP, NodePaths
+from hack.node.config import FIXED_HOST_DIRS, NODE_IP, NodePaths
 from hack.node.second import down_second
 from hack.node.servers import (
     NodeBinaries,
@@ -59,7 +59,8 @@ def prepare_host(state: State) -> None:
                   or host.read_ip_forward(),
                   "bridge_nf_before": state.node.get("bridge_nf_before")
                   or host.read_bridge_netfilter(),
-                  "containerd_dir_existed": "1" if host.CONTAINERD_FIXED_DIR.exists() else "0"}
+                  "created_dirs": state.node.get("created_dirs")
+                  or [str(d) for d in FIXED_HOST_DIRS if not d.exists()]}
     state.save()
     host.write_owner(Path(state.dir), {})
     host.create_bridge()
@@ -126,6 +127,6 @@ def down_node(state: State, *, stop_control_plane: Callable[[], None] | None = N
         stop_control_plane()
     host.cleanup_host(ip_forward_before=state.node.get("ip_forward_before"),
                       bridge_nf_before=state.node.get("bridge_nf_before"),
-                      containerd_dir_existed=state.node.get("containerd_dir_existed") == "1")
+                      created_dirs=state.node.get("created_dirs", []))
     state.node = {}
     state.save()
