@@ -1,0 +1,171 @@
+"""A job on the two real nodes (the `second_node` harness, tests/README.md): its workers 0 and 1
+on node 1, worker 2 on node 2, its store pinned to node 1, and what the node-loss and notice
+scenarios read of it (the processes a pod still runs on either node, the bucket's commits).
+
+Placement without a node affinity of the job's: a NoSchedule taint of the test's own (HOLD, not
+a notice the operator reads) keeps the scheduler off one node while a pod is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import NamespacePool, NodeCluster, SecondNode, added_second_node
+from tests.e2e.support import (
+    ARTIFACTS,
+    Incarnation,
+    LogCollector,
+    Training,
+    child_processes,
+    container_pid,
+    make_job,
+    wait_for,
+)
+
+NODE_1 = "elastrain-node"
+HOLD = "elastrain.dev/e2e-hold"  # the test's own taint: not among the notices read
+KARPENTER = "karpenter.sh/disrupted"
+
+
+class TwoNodeJob(Training):
+    """A job on the two nodes."""
+
+    node: NodeCluster
+    second: SecondNode
+
+    def hold(self, name: str) -> None:
+        self.k("taint", "node", name, f"{HOLD}=:NoSchedule", "--overwrite")
+
+    def release(self, name: str) -> None:
+        self.k("taint", "node", name, f"{HOLD}:NoSchedule-", check=False)
+
+    def pods_of(self, index: int) -> list[dict[str, Any]]:
+        return [p for p in self.workers()
+                if p["metadata"]["labels"]["elastrain.dev/worker-index"] == str(index)]
+
+    def bound(self, index: int, node: str) -> str | None:
+        """The name of worker `index`'s live pod once the scheduler bound it to `node`."""
+        return next((p["metadata"]["name"] for p in self.pods_of(index)
+                     if p["spec"].get("nodeName") == node), None)
+
+    def node_of(self, pod: str) -> str:
+        return str(self.k.json("get", "pod", pod, "-n", self.ns)["spec"].get("nodeName", ""))
+
+    def survivors(self) -> dict[str, Incarnation]:
+        """The trainer incarnations of the worker pods on node 1 (Training.processes reads
+        node 1's containerd only)."""
+        out = {}
+        for pod in self.workers():
+            name = pod["metadata"]["name"]
+            if pod["spec"].get("nodeName") != NODE_1:
+                continue
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            trainer = next((c for c in statuses if c["name"] == "trainer"), {})
+            if trainer.get("state", {}).get("running"):
+                out[name] = Incarnation(uid=pod["metadata"]["uid"],
+                                        restart_count=int(trainer.get("restartCount", 0)),
+                                        workers=child_processes(container_pid(self.k, self.ns,
+                                                                              name)))
+        return out
+
+    def put_worker_2_on_node_2(self) -> str:
+        """From a world of 2 on node 1: scaled to 3 with node 1 held, worker 2's new pod lands
+        on node 2 and joins; returns its name."""
+        self.hold(NODE_1)
+        try:
+            self.release(self.second.name)
+            self.k("scale", "trainingjob", self.job, "-n", self.ns, "--replicas=3")
+            pod = wait_for("worker 2 bound to node 2", lambda: self.bound(2, self.second.name),
+                           timeout=120)
+        finally:
+            self.release(NODE_1)
+        self.settle()
+        return pod
+
+
+def pod_processes(uid: str) -> list[int]:
+    """PIDs of the trainer's processes (python: the launcher and its worker) in the pod's
+    cgroup (either node: cgroupfs names it pod<uid>), read from the host's /proc: what still
+    runs of a pod whatever its kubelet knows. The sandbox's pause process is not one: with no
+    kubelet to tear the sandbox down, it outlives the trainer."""
+    marks = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if any(m in (entry / "cgroup").read_text() for m in marks) \
+                        and b"python" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+def node_ready(t: TwoNodeJob, name: str) -> bool:
+    node = t.k.json("get", "node", name)
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in node["status"]["conditions"])
+
+
+def commits(node: NodeCluster, ns: str, job: str) -> tuple[list[dict[str, Any]], str]:
+    """(every commit under the job's checkpoint root: dir, step, gen, when its marker was
+    written, fenced or not; the `latest` pointer), as the trainers' own catalog reads them."""
+    import boto3
+
+    from elastrain_trainer.checkpoint.manager import scan
+    from elastrain_trainer.checkpoint.manifest import COMMIT_MARKER
+    from elastrain_trainer.checkpoint.s3 import S3Storage
+
+    client = boto3.client("s3", **node.s3.client_kwargs)
+    root = f"{ns}/{job}"
+    storage = S3Storage(f"s3://{node.s3.bucket}/{root}", client=client)
+    catalog = scan(storage)
+    written: dict[str, float] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=node.s3.bucket,
+                                                                 Prefix=f"{root}/"):
+        for obj in page.get("Contents", []):
+            head, _, name = obj["Key"][len(root) + 1:].rpartition("/")
+            if name == COMMIT_MARKER:
+                written[head] = obj["LastModified"].timestamp()
+    out = [{"dir": c.dir, "step": c.step, "gen": c.gen, "at": written.get(c.dir, 0.0),
+            "fenced": False} for c in catalog.commits]
+    out += [{"dir": d, "why": why, "fenced": True} for d, why in catalog.damaged.items()]
+    return out, storage.read("latest").decode()
+
+
+
+@contextlib.contextmanager
+def job_on_two_nodes(operator: NodeCluster, namespace_pool: NamespacePool, job: str, mode: str,
+                     ) -> Iterator[TwoNodeJob]:
+    """Node 2 with the trainer image, and the job in `mode`: workers 0 and 1 on node 1, worker
+    2 on node 2, training at world 3."""
+    with added_second_node(operator, images=("pause", "operator", "trainer")) as second:
+        k = operator.kubectl
+        ns = namespace_pool.take()
+        # A grace long enough for a doomed trainer to hold its leave until its replacement (a
+        # new pod: its start, torch's import, the model) waits beside it.
+        manifest = make_job(job, ns, image=operator.images["trainer"], steps=100_000,
+                            replicas=2, grace_seconds=120,
+                            s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
+                            restartPolicy={"maxRestarts": 6, "backoffSeconds": 1},
+                            recovery={"mode": mode},
+                            rendezvous={"store": {"nodeSelector": {
+                                "kubernetes.io/hostname": NODE_1}}})
+        with LogCollector(k, ns, Training.worker_selector(job), ARTIFACTS / job) as logs:
+            t = TwoNodeJob(k, ns, job, logs, mode)
+            t.node, t.second = operator, second
+            try:
+                t.hold(second.name)
+                k.apply(manifest)
+                for index in (0, 1):
+                    wait_for(f"worker {index} bound to node 1", lambda i=index: t.bound(i, NODE_1),
+                             timeout=120)
+                t.put_worker_2_on_node_2()
+                yield t
+            finally:
+                for name in (NODE_1, second.name):
+                    t.release(name)
+                    k("taint", "node", name, f"{KARPENTER}:NoSchedule-", check=False)
+                    k("uncordon", name, check=False)
+                namespace_pool.give_back(ns)
