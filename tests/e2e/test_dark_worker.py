@@ -101,7 +101,11 @@ def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_
         whole = wait_for("a step at world 3 after the join", lambda: next(
             (r for r in logs.events("step") if float(r["time"]) > float(joined["time"])
              and r.get("world_size") == 3), None), timeout=120)
-        # The same pod came back (its worker restarted in place), never a checkpoint load.
+        # It announced its rejoin before its restart, and the survivors saw it (so the
+        # operator gave it time: policy.replace); the same pod came back (its worker
+        # restarted in place), never a checkpoint load.
+        assert {r["node"] for r in logs.events("peer_rejoining") if r["pod"] == pod
+                and float(r["time"]) > thawed - 1} == set(survivors), logs.events("peer_rejoining")
         assert t.processes()[pod].uid == uid
         assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
         record_recovery("19-frozen-worker-2", recovery_s, mode=INPROCESS, pod=pod,

@@ -196,6 +196,20 @@ def record_planned_out(pods: Iterable[str]) -> None:
         _progress.planned_out = {p: _progress.planned_out.get(p, now) for p in pods}
 
 
+# A planned-out pod that announced its rejoin (alive: restarting in place) is reported this
+# much younger: the operator's grace (policy.replace) then starts after the announcement plus
+# this, time for a new process to import torch and join on a loaded node.
+REJOIN_ALLOWANCE_S = 30.0
+
+
+def record_rejoining(pod: str) -> None:
+    """A lost pod announced its rejoin: its planned-out age restarts, minus REJOIN_ALLOWANCE_S
+    (a pod whose restart never joins is still replaced, that much later)."""
+    with _lock:
+        if pod in _progress.planned_out:
+            _progress.planned_out[pod] = time.monotonic() + REJOIN_ALLOWANCE_S
+
+
 def record_world_pods(members: Iterable[str], spares: Iterable[str]) -> None:
     """The current plan's pods: its members and its spares."""
     with _lock:
@@ -400,7 +414,7 @@ def _document() -> dict[str, Any]:
             "recoveryMode": _progress.recovery_mode,
             "generation": _progress.generation,
             **({"role": _progress.role} if _progress.role is not None else {}),
-            **({"plannedOut": {p: round(time.monotonic() - t, 1)
+            **({"plannedOut": {p: max(0.0, round(time.monotonic() - t, 1))
                                for p, t in _progress.planned_out.items()}}
                if _progress.planned_out else {}),
             **({"members": list(_progress.members), "spares": list(_progress.spares)}

@@ -14,7 +14,9 @@ loop) and removes the old pod as any stale one (policy.stale: force-deleted wher
 lost, since a pod there would stay Terminating until its node answers). The grace lets a
 pod that was planned out but lives (a worker restarted in place by its launcher after a freeze
 or a crash) rejoin instead, which takes seconds; it is also why a replacement is never made
-for a pod still in the world: a pod that rejoined is no longer named.
+for a pod still in the world: a pod that rejoined is no longer named. A planned-out pod that
+announced its rejoin (alive, restarting in place) is reported younger by the members for a while
+(the trainer's metrics.REJOIN_ALLOWANCE_S), so a slow restart on a loaded node is not replaced.
 
 On a lost node (issue 34, item 4). A node whose kubelet and container runtime stopped is marked
 NotReady while its containers run on: such a pod's trainer still beats, trains and is in the

@@ -61,6 +61,23 @@ def test_planned_out_pods_are_told_with_their_age_on_this_trainers_clock() -> No
     assert "plannedOut" not in metrics.progress_document()
 
 
+def test_a_lost_pod_that_announced_its_rejoin_is_told_young_again_for_a_while() -> None:
+    """A planned-out pod that announced its rejoin (alive, restarting in place) is aged from
+    the announcement plus REJOIN_ALLOWANCE_S: the operator's grace starts over, and a later
+    plan that still names the pod keeps that age. An announcement for a pod no plan names
+    does nothing."""
+    metrics.record_start(100, 3, 0)
+    metrics.record_planned_out(["w-2-0"])
+    metrics._progress.planned_out["w-2-0"] -= 14.0  # out for 14 s: just inside a 15 s grace
+    metrics.record_rejoining("w-2-0")
+    metrics.record_rejoining("w-9-0")
+    assert metrics.progress_document()["plannedOut"] == {"w-2-0": 0.0}
+    metrics._progress.planned_out["w-2-0"] -= metrics.REJOIN_ALLOWANCE_S + 5.0
+    metrics.record_planned_out(["w-2-0"])
+    assert 5.0 <= metrics.progress_document()["plannedOut"]["w-2-0"] < 14.0
+    metrics.record_planned_out([])
+
+
 def test_the_plans_pods_are_told_once_a_plan_named_them() -> None:
     metrics.record_start(100, 3, 0)
     assert "members" not in metrics.progress_document()

@@ -16,6 +16,15 @@ On a failed generation (judged here, or by any node) the thread calls `on_failed
 once: the member severs its own sockets of that generation's groups (`inprocess.sever`), which
 is what ends a collective blocked on a peer that went dark without closing its sockets (a
 killed process's kernel closes them itself: gloo fails at once then).
+
+It also watches the pods the plan names lost (planned out without notice, not back since;
+section 10) for a sign of life: a dropped node that finds itself out of the plan announces
+its pod's rejoin before its process ends to be restarted in place (`rejoin/<pod>`: the
+generation it found itself out of). A new announcement, of that generation or a later one
+than this node first saw the pod lost in, calls `on_rejoin(pod)` once: the member's /progress
+then gives the pod more time before the operator replaces it (metrics.record_rejoining),
+since a thawed or reconnected pod's restart (a new process, torch imported again) can take
+longer than the grace on a loaded node, and a pod replaced meanwhile would lose its rejoin.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ class Heartbeat:
                  probe: Callable[[], bool] = lambda: True,
                  claim: Callable[[], Epoch | None] = lambda: None,
                  on_failed: Callable[[int, MembershipStore], None] = lambda gen, store: None,
+                 on_rejoin: Callable[[str], None] = lambda pod: None,
                  ) -> None:
         if timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
@@ -59,6 +69,11 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._gen, self._watched = 0, frozenset[str]()
         self._spares = frozenset[str]()  # observed, never failing a generation
+        # Lost pods -> the generation this node first saw each lost in; and the announcement
+        # of each that on_rejoin was called for.
+        self._lost: dict[str, int] = {}
+        self._rejoins: dict[str, int] = {}
+        self._on_rejoin = on_rejoin
         self._liveness = Liveness(timeout_s)
         self._failed_gen = 0
         self._stop = threading.Event()
@@ -87,13 +102,16 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def watch(self, gen: int, nodes: Iterable[str], spares: Iterable[str] = ()) -> None:
+    def watch(self, gen: int, nodes: Iterable[str], spares: Iterable[str] = (),
+              lost: Iterable[str] = ()) -> None:
         """Watch `nodes` (liveness restarts for nodes not watched before) in generation `gen`;
-        observe `spares` too, whose silence fails nothing: the next plan leaves them out."""
+        observe `spares` too, whose silence fails nothing: the next plan leaves them out; and
+        the `lost` pods' rejoin announcements."""
         with self._lock:
             self._gen = gen
             self._watched = frozenset(nodes) - {self.node_id}
             self._spares = frozenset(spares) - {self.node_id}
+            self._lost = {p: self._lost.get(p, gen) for p in lost}
 
     def dead_spares(self) -> frozenset[str]:
         return self._silent_for(self.timeout_s) & self._spares
@@ -176,3 +194,15 @@ class Heartbeat:
             except Exception as e:  # not the store's loss: the collective timeout still bounds
                 emit("sever_failed", node=self.node_id, gen=gen,
                      error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        self._watch_rejoins()  # after the sever: nothing delays a release
+
+    def _watch_rejoins(self) -> None:
+        with self._lock:
+            lost = dict(self._lost)
+        if not lost:
+            return
+        for pod, gen in self._store.rejoins(lost).items():
+            if gen >= lost[pod] and self._rejoins.get(pod) != gen:
+                self._rejoins[pod] = gen
+                emit("peer_rejoining", node=self.node_id, pod=pod, gen=gen)
+                self._on_rejoin(pod)

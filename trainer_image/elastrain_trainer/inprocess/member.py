@@ -62,6 +62,7 @@ from elastrain_trainer.inprocess.membership import (
     Requests,
     plan_generation,
     plan_stop,
+    pod_of,
     successor_order,
 )
 from elastrain_trainer.inprocess.sever import Held
@@ -81,7 +82,7 @@ class Member(Admission):
         self.heartbeat = Heartbeat(
             self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
             probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port),
-            claim=self._keep_claim, on_failed=self._sever)
+            claim=self._keep_claim, on_failed=self._sever, on_rejoin=cfg.on_rejoin)
         self.epoch: Epoch | None = None  # the store's incarnation this node knows
         self.founded: Epoch | None = None  # a store founded under this world (section 7)
         self._reconnects = 0
@@ -146,7 +147,7 @@ class Member(Admission):
         regroup.destroy()
         rank = plan.rank_of(self.node_id)
         assert rank is not None
-        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares, plan.lost)
         self.cfg.on_role("member")
         self._held.groups = None
         if plan.reason == "start":
@@ -171,7 +172,7 @@ class Member(Admission):
         it is severed), and its listeners are published under it (the old generations' keys
         are forgotten two generations on)."""
         self._held.kept(plan.gen)
-        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares)
+        self.heartbeat.watch(plan.gen, plan.nodes, plan.spares, plan.lost)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, kept_group=True)
@@ -389,6 +390,7 @@ class Member(Admission):
                 self._stop_gen = plan.gen
                 return None
             if plan.reason == "stop" or self.node_id not in plan.nodes:
+                self._announce_rejoin(plan)
                 if failed or plan.reason == "stop":
                     # Nothing of this node's to save (another saves the step, or the old group
                     # is gone): end as a dropped node does, to be restarted in place.
@@ -406,6 +408,15 @@ class Member(Admission):
             except EntryFailedError as e:
                 self._replan(plan, step, str(e))
                 old, failed = plan, True
+
+    def _announce_rejoin(self, plan: Plan) -> None:
+        """Judged dead yet alive (thawed, or its partition lifted): tell the world, which
+        watches its lost pods' announcements, that this pod restarts in place and rejoins, so
+        the operator does not replace it meanwhile (heartbeat.Heartbeat, section 10)."""
+        pod = pod_of(self.node_id)
+        if pod in plan.lost:
+            with contextlib.suppress(dist.DistError):
+                self.store.announce_rejoin(pod, plan.gen)
 
     def _alone(self) -> Groups:
         """A private world of one (its groups on a store of its own), for a save that no

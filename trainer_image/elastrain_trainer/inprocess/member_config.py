@@ -58,6 +58,8 @@ class MemberConfig:
     hold_budget_s: float = 0.0
     # The pods the operator says are on a lost node: asked to leave (Admission._plan_out_lost).
     lost: Callable[[], Collection[str]] = frozenset
+    # A pod the plan names lost announced its rejoin (heartbeat.Heartbeat's on_rejoin).
+    on_rejoin: Callable[[str], None] = lambda pod: None
 
 
 class Resharding(Protocol):

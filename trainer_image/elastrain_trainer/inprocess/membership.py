@@ -76,6 +76,12 @@ def join_key(seq: int) -> str:
     return f"join/{seq}"
 
 
+def rejoin_key(pod: str) -> str:
+    """The generation whose plan a live pod found itself planned out of (set by that pod's
+    dropped node on its way to a restart in place): the pod is alive and rejoining."""
+    return f"rejoin/{pod}"
+
+
 def plan_key(gen: int) -> str:
     return f"gen/{gen}/plan"
 

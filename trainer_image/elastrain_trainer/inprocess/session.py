@@ -121,7 +121,7 @@ class InProcessRuntime:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
             desired=metrics.desired_replicas, on_role=metrics.record_role,
             moving=metrics.moving_pods, hold_budget_s=hold_budget_s(),
-            lost=metrics.lost_pods)))
+            lost=metrics.lost_pods, on_rejoin=metrics.record_rejoining)))
         self.member.wait_alone()
         user_groups.track(self.member.adopt_groups)  # the script's groups are severed too
         self.peer_loss = PeerLoss()

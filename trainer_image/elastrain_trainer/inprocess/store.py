@@ -88,6 +88,15 @@ class MembershipStore:
         """Each node's counter (add 0 reads it; a node that never beat reads 0)."""
         return {n: int(self.kv.add(m.heartbeat_key(n), 0)) for n in nodes}
 
+    def announce_rejoin(self, pod: str, gen: int) -> None:
+        self.kv.set(m.rejoin_key(pod), str(gen))
+
+    def rejoins(self, pods: Iterable[str]) -> dict[str, int]:
+        """Each pod's newest rejoin announcement (the generation it found itself out of), for
+        the pods that made one."""
+        return {p: int(self.kv.get(m.rejoin_key(p))) for p in pods
+                if self.kv.check([m.rejoin_key(p)])}
+
     # -- change requests -----------------------------------------------------------------
     def pending(self) -> int:
         return int(self.kv.add(m.PENDING_KEY, 0))
