@@ -16,7 +16,11 @@ below its size for a notice it was given:
    drain on a one-node cluster stayed Pending after the uncordon (e2e scenario 7, seen);
 2. the old pod trains on until the new one is in the world's plan (the members' /progress
    `members`/`spares`), then it is deleted: its SIGTERM is a leave at the next step boundary,
-   where the spare takes its place, healed from a live peer;
+   where the spare takes its place, healed from a live peer. Where a spare already waits
+   (spec.spares, on a node without notice, named a spare by every member), the old pod is
+   deleted at once and that spare takes its place; the new pod becomes the spare when it
+   joins. A spare serves one move: the old pods already asked to leave but still in the world
+   use up as many;
 3. a replacement that cannot be scheduled moves nothing (the old pod trains on); a notice
    withdrawn before the replacement joined undoes the move (the slot goes back to the old
    pod's attempt, the new pod goes: the job is exactly its spec size again); an old pod taken
@@ -84,15 +88,33 @@ def move_noticed(r: Round, job: TrainingJob, observed: Observed,
     else:  # bound to a node: its agent will be at the rendezvous the old pod's leave opens
         ready = frozenset(p.name for p in observed.workers if p.node and not p.deleting
                           and classify_pod_exit(p) in (Exit.RUNNING, Exit.PENDING))
+    spares = _waiting_spares(job, r.acct.slots, by_name, reports, observed.notices)
     slots = []
     for slot in r.acct.slots:
         if slot.index < pods:
             slot = (_advance(r, job, slot, by_name.get(slot.moving_from),
-                             current.get(slot.index), ready, observed.notices)
+                             current.get(slot.index), ready, observed.notices, spares)
                     if slot.moving_from else _start(r, job, slot, current.get(slot.index),
                                                     observed))
         slots.append(slot)
     r.acct = replace(r.acct, slots=tuple(slots))
+
+
+def _waiting_spares(job: TrainingJob, slots: Sequence[WorkerSlot],
+                    by_name: Mapping[str, WorkerPod], reports: Sequence[ProgressReport] | None,
+                    notices: Mapping[str, str]) -> list[str]:
+    """The spares free to take a moving worker's place now: named a spare by every member, on
+    a node without notice, less one for each old pod already asked to leave (a spare takes its
+    place at its leave)."""
+    if not job.spec.in_process or not reports:
+        return []
+    named = sorted(frozenset.intersection(*(rep.spare_pods for rep in reports)))
+    free = [p for p in named if p in by_name and not by_name[p].deleting
+            and by_name[p].node not in notices]
+    world = frozenset().union(*(rep.world_pods for rep in reports))
+    leaving = [s for s in slots if s.moving_from is not None and s.moving_from in world
+               and s.moving_from in by_name and by_name[s.moving_from].deleting]
+    return free[len(leaving):]
 
 
 def _start(r: Round, job: TrainingJob, slot: WorkerSlot, pod: WorkerPod | None,
@@ -115,7 +137,9 @@ def _start(r: Round, job: TrainingJob, slot: WorkerSlot, pod: WorkerPod | None,
 
 def _advance(r: Round, job: TrainingJob, slot: WorkerSlot, old: WorkerPod | None,
              new: WorkerPod | None, ready: frozenset[str],
-             notices: Mapping[str, str]) -> WorkerSlot:
+             notices: Mapping[str, str], spares: list[str]) -> WorkerSlot:
+    """`spares`: the waiting spares free to take a place (_waiting_spares); one used here is
+    taken off it."""
     if old is None or classify_pod_exit(old) not in (Exit.RUNNING, Exit.PENDING):
         return slot.model_copy(update={"moving_from": None})  # gone: cleaned up as stale
     if old.deleting:
@@ -129,6 +153,15 @@ def _advance(r: Round, job: TrainingJob, slot: WorkerSlot, old: WorkerPod | None
             "Normal", c.NODE_DISRUPTION_NOTICE,
             f"worker {slot.index}: pod {new.name} {now} on node {new.node or '?'}; pod "
             f"{old.name} on node {old.node} now {then}"))
+        return slot
+    if spares and old.node in notices:
+        spare = spares.pop(0)
+        r.delete_pods.append(old.name)
+        r.events.append(EventSpec(
+            "Normal", c.NODE_DISRUPTION_NOTICE,
+            f"worker {slot.index}: spare pod {spare} takes the place of pod {old.name} on node "
+            f"{old.node}, which now leaves at a step boundary; pod "
+            f"{new.name if new is not None else '?'} becomes a spare once it joins"))
         return slot
     if old.node not in notices:
         # Withdrawn before the replacement joined: back to the old pod; the new one is stale

@@ -69,6 +69,8 @@ class ProgressReport:
     planned_out: Mapping[str, float] = field(default_factory=dict)
     # In-process only: the pods of the plan this trainer is in (members and spares).
     world_pods: frozenset[str] = frozenset()
+    # In-process only: the pods of that plan waiting as spares.
+    spare_pods: frozenset[str] = frozenset()
 
     @property
     def spare(self) -> bool:
@@ -98,7 +100,8 @@ def parse_progress(payload: Any) -> ProgressReport | None:
                           fallback=parse_checkpoint_fallback(payload.get("checkpointFallback")),
                           role=_role(payload.get("role")),
                           planned_out=_planned_out(payload.get("plannedOut")),
-                          world_pods=_pods(payload.get("members")) | _pods(payload.get("spares")))
+                          world_pods=_pods(payload.get("members")) | _pods(payload.get("spares")),
+                          spare_pods=_pods(payload.get("spares")))
 
 
 def _role(raw: Any) -> Role | None:

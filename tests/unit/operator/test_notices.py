@@ -35,7 +35,7 @@ def running_world(**spec: Any) -> World:
     w.run_all()
     on_nodes(w)
     w.reconcile(T0 + timedelta(seconds=1))
-    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    assert w.workers()[:3] == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
     return w
 
 
@@ -237,3 +237,38 @@ def test_a_moving_slot_counts_its_old_pod_until_the_replacement_runs() -> None:
     assert len(w.workers()) == 6
     assert (w.status["replicas"], w.status["readyReplicas"], w.status["phase"]) == (
         3, 3, "Running")
+
+
+def test_a_waiting_spare_takes_a_noticed_workers_place_at_once_and_serves_one_move() -> None:
+    """spec.spares: a spare already waits, so a noticed worker need not wait for its own
+    replacement to join: it is asked to leave in the next round (the spare takes its place at
+    that boundary; the replacement becomes the spare). Two noticed workers and one spare: only
+    one leaves early, the other waits for its replacement as without spares; a spare on the
+    noticed node takes nobody's place."""
+    w = running_world(recovery={"mode": "InProcess"}, spares=1)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0",
+                           "demo-worker-3-0"]
+    w.pods["demo-worker-2-0"]["spec"]["nodeName"] = "node-a"  # workers 1 and 2 on node-a
+    members = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    w.reconcile(T0 + timedelta(seconds=10), notices=NOTICE,
+                progress=(member(members, ["demo-worker-3-0"]),))
+    assert {"demo-worker-1-1", "demo-worker-2-1"} <= set(w.workers())
+    p = w.reconcile(T0 + timedelta(seconds=11), notices=NOTICE,
+                    progress=(member(members, ["demo-worker-3-0"]),))
+    assert p.delete_pods == ("demo-worker-1-0",)  # neither replacement has joined
+    (event,) = [e for e in p.events if e.reason == c.NODE_DISRUPTION_NOTICE]
+    assert "spare pod demo-worker-3-0 takes the place of pod demo-worker-1-0" in event.message
+    # Still in the world (its leave not yet at a boundary): the spare is spoken for.
+    w.pods["demo-worker-1-0"] = {**w.pods["demo-worker-1-0"], "metadata": {
+        **w.pods["demo-worker-1-0"]["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    p = w.reconcile(T0 + timedelta(seconds=12), notices=NOTICE,
+                    progress=(member(members, ["demo-worker-3-0"]),))
+    assert not p.delete_pods
+    # A spare on the noticed node itself takes nobody's place.
+    w2 = running_world(recovery={"mode": "InProcess"}, spares=1)
+    w2.pods["demo-worker-3-0"]["spec"]["nodeName"] = "node-a"
+    w2.reconcile(T0 + timedelta(seconds=10), notices=NOTICE,
+                 progress=(member(members, ["demo-worker-3-0"]),))
+    p = w2.reconcile(T0 + timedelta(seconds=11), notices=NOTICE,
+                     progress=(member(members, ["demo-worker-3-0"]),))
+    assert "demo-worker-1-0" not in p.delete_pods
