@@ -27,6 +27,11 @@ line (blank lines and `#` comments allowed):
                                       before it commits a save whose shards are written, as a
                                       node that hangs there; CRASH_ONCE applies (the next
                                       coordinator must not freeze too)
+    ELASTRAIN_FAULT_FREEZE_DURING_SAVE=1
+                                      a rank other than the checkpoint coordinator stops itself
+                                      (SIGSTOP) once it wrote its shards, before it hands their
+                                      results to the coordinator, so its peers are inside the
+                                      save's collective with a node gone dark; CRASH_ONCE applies
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -68,8 +73,9 @@ FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
 FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
 KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
 FREEZE_BEFORE_COMMIT = "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT"
+FREEZE_DURING_SAVE = "ELASTRAIN_FAULT_FREEZE_DURING_SAVE"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
-           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT)
+           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT, FREEZE_DURING_SAVE)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -157,6 +163,13 @@ def before_commit(env: Mapping[str, str] = os.environ) -> None:
     knobs = read_knobs(env)
     if int(knobs.get(FREEZE_BEFORE_COMMIT) or 0) and _first_time(knobs.get(CRASH_ONCE)):
         _freeze_if(FREEZE_BEFORE_COMMIT, "before the commit", env)
+
+
+def during_save(rank: int, env: Mapping[str, str] = os.environ) -> None:
+    knobs = read_knobs(env)
+    if rank != 0 and int(knobs.get(FREEZE_DURING_SAVE) or 0) \
+            and _first_time(knobs.get(CRASH_ONCE)):
+        _freeze_if(FREEZE_DURING_SAVE, "during the save", env)
 
 
 def during_heal(env: Mapping[str, str] = os.environ) -> None:

@@ -241,3 +241,52 @@ def test_a_training_thread_the_sever_does_not_release_is_restarted_in_place(
         (r["node"], r["gen"], r["reason"], r["healed_from"]) for r in regroups]
     numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
     assert sorted(set(numbers)) == list(range(1, 121)), numbers
+
+
+def test_a_peer_dark_during_a_save_is_planned_out_within_the_heartbeats_bound(
+        pods: Pods, tmp_path: Path) -> None:
+    """Issue 34 item 2: a node that goes dark in the middle of a checkpoint save. A rank other
+    than the coordinator freezes once it wrote its shards of step 10, before it hands their
+    results to the coordinator: the others are inside the save's collective (the checkpoint
+    group's, gloo too) with a peer that closes nothing. The heartbeat's sever of the failed
+    generation covers that group: the save fails at once, not after the collective timeout
+    (5 minutes), step 10 is never committed, the survivors train on at world 2 and commit
+    later steps. Thawed, the frozen node comes back through the join path. Seen failing with
+    the sever left out (Member._sever returning at once): no regroup within the wait."""
+    faults = tmp_path / "faults.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_DURING_SAVE=1\n"
+                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'save.fired'}\n")
+    for node in ("a", "b", "c"):
+        pods.start(node, 3, FAULT_INJECTION_FILE=str(faults))
+
+    def frozen_nodes() -> list[str]:
+        return [n for n in pods.procs if "injected freeze during the save" in pods.log(n)]
+
+    wait_for(frozen_nodes, "a rank frozen during a save", timeout=180)
+    frozen_at = time.time()
+    [frozen] = frozen_nodes()
+    survivors = sorted(set(pods.procs) - {frozen})
+    wait_for(lambda: fails(pods), f"the regroup after {frozen} froze", timeout=60)
+    fail = fails(pods)[0]
+    assert fail["world_size"] == 2 and fail["lost"] == [frozen], fail
+    print(f"{frozen} dark during a save: world 2 {fail['time'] - frozen_at:.2f} s after the "
+          f"freeze was seen (heartbeat timeout {HEARTBEAT_S} s)")
+
+    def committed_after() -> list[dict[str, Any]]:
+        return [r for n in survivors for r in pods.records(n)
+                if r["event"] == "checkpoint_saved" and r["step"] > 10]
+
+    wait_for(committed_after, "a commit by the world that went on", timeout=120)
+    pods.signal_pod(frozen, signal.SIGCONT)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    root = tmp_path / "ckpt"
+    assert not (root / "step-00000010" / "COMMITTED").exists()
+    assert [r for n in survivors for r in pods.records(n)
+            if r["event"] in ("checkpoint_failed", "checkpoint_fenced") and r["step"] == 10]
+    catalog = scan(LocalStorage(root))
+    assert catalog.newest is not None and catalog.newest.step > 10
+    assert (root / "latest").read_text() == catalog.newest.dir
+    numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 81)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from elastrain_trainer import fault_injection
 from elastrain_trainer.checkpoint.manifest import (
     CorruptCheckpointError,
     FileDigest,
@@ -251,6 +252,11 @@ class StorageFileSystem(FileSystemBase):
         self.storage.delete([str(path)])
 
 
+def _rank_of(prefix: str) -> int:
+    """The rank in DCP's file prefix (`__<rank>_`)."""
+    return int(prefix.strip("_"))
+
+
 def _digests_key(step_key: str, prefix: str) -> str:
     return join(step_key, f"{prefix}sha256.json")
 
@@ -278,6 +284,7 @@ class CheckpointWriter(FileSystemWriter):
                  for k, d in self._fs.written.items()}
         self._storage.write(_digests_key(self._step_key, plan.storage_data.prefix),
                             json.dumps(names).encode())
+        fault_injection.during_save(_rank_of(plan.storage_data.prefix))
         return future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
