@@ -22,6 +22,10 @@ line (blank lines and `#` comments allowed):
                                       in-process mode: a joiner SIGKILLs itself once its heal
                                       began (the header from its source received, the tensors
                                       not), as a pod lost while it was being healed
+    ELASTRAIN_FAULT_FREEZE_DURING_HEAL=1
+                                      in-process mode: the same moment, but the joiner stops
+                                      itself (SIGSTOP), as a pod whose node went dark while it
+                                      was being healed; CRASH_ONCE applies
     ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT=1
                                       the checkpoint coordinator stops itself (SIGSTOP) right
                                       before it commits a save whose shards are written, as a
@@ -74,8 +78,10 @@ FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
 KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
 FREEZE_BEFORE_COMMIT = "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT"
 FREEZE_DURING_SAVE = "ELASTRAIN_FAULT_FREEZE_DURING_SAVE"
+FREEZE_DURING_HEAL = "ELASTRAIN_FAULT_FREEZE_DURING_HEAL"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
-           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT, FREEZE_DURING_SAVE)
+           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT, FREEZE_DURING_SAVE,
+           FREEZE_DURING_HEAL)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -173,9 +179,12 @@ def during_save(rank: int, env: Mapping[str, str] = os.environ) -> None:
 
 
 def during_heal(env: Mapping[str, str] = os.environ) -> None:
-    if int(read_knobs(env).get(KILL_DURING_HEAL) or 0):
+    knobs = read_knobs(env)
+    if int(knobs.get(KILL_DURING_HEAL) or 0):
         print(f"elastrain: injected kill during the heal ({KILL_DURING_HEAL})", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if int(knobs.get(FREEZE_DURING_HEAL) or 0) and _first_time(knobs.get(CRASH_ONCE)):
+        _freeze_if(FREEZE_DURING_HEAL, "during the heal", env)
 
 
 def _freeze_if(knob: str, where: str, env: Mapping[str, str]) -> None:

@@ -290,3 +290,39 @@ def test_a_peer_dark_during_a_save_is_planned_out_within_the_heartbeats_bound(
     numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
     assert sorted(set(numbers)) == list(range(1, 81)), numbers
     assert len(numbers) - len(set(numbers)) <= 1, numbers
+
+
+def test_a_joiner_dark_during_its_heal_is_planned_out_within_the_heartbeats_bound(
+        pods: Pods, tmp_path: Path) -> None:
+    """Issue 34 item 2: a node that goes dark while it is being healed. a and b train at world
+    2; c joins and freezes once its source's header arrived (closing nothing). Its source's
+    send or the re-wrap's check across ranks waits on it; the heartbeat plans it out and the
+    sever fails that wait: the survivors go on at world 2 in their processes well within the
+    collective timeout (5 minutes). Thawed, c restarts in place and joins again, healed.
+    Seen failing with the sever left out (Member._sever returning at once)."""
+    for survivor in ("a", "b"):
+        pods.start(survivor, 2, MAX_REPLICAS="3", STEPS="200")
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 2", timeout=180)
+    pids = {n: pods.worker_pid(n) for n in ("a", "b")}
+    faults = tmp_path / "faults.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_DURING_HEAL=1\n"
+                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'heal.fired'}\n")
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults), STEPS="200")
+    wait_for(lambda: "injected freeze during the heal" in pods.log("c"), "c frozen in its heal",
+             timeout=180)
+    frozen_at = time.time()
+    wait_for(lambda: any(r["time"] > frozen_at - 1 and r["world_size"] == 2
+                         for r in fails(pods)), "the world without c", timeout=60)
+    fail = next(r for r in fails(pods) if r["world_size"] == 2)
+    print(f"c dark during its heal: world 2 {fail['time'] - frozen_at:.2f} s after the freeze "
+          f"was seen (heartbeat timeout {HEARTBEAT_S} s)")
+    pods.signal_pod("c", signal.SIGCONT)
+    wait_for(lambda: any(r["event"] == "regroup" and r["node"].startswith("c.")
+                         and r.get("healed_from") and r["world_size"] == 3
+                         for r in pods.all_records()), "c back, healed", timeout=180)
+    assert {n: pods.worker_pid(n) for n in ("a", "b")} == pids  # the same worker processes
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 201)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers
