@@ -24,6 +24,8 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
    partition lifts the dark worker ends without training beside the world: the store's plan
    never names it again, and the bucket holds no commit of its generation made after the
    world moved on.
+4. Node 2 only cordoned, with a spare waiting on node 1: the doomed worker leaves at once and
+   the spare takes its place; its replacement becomes the new spare. Nothing counted.
 """
 
 from __future__ import annotations
@@ -284,3 +286,61 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
                     ended_after_heal_s=round(time.time() - healed, 1))
     print(f"{dark} partitioned: world 2 after {float(fail['time']) - at:.1f} s, {replacement} "
           f"in the world after {float(joined['time']) - at:.1f} s")
+
+
+def test_4_a_cordon_alone_moves_a_worker_and_a_waiting_spare_takes_its_place_at_once(
+        two: TwoNodeJob) -> None:
+    """Node 2 cordoned, nothing drained (a cordon is a notice: a drain's first step, or a
+    person's): with a spare already waiting on node 1 the doomed worker is asked to leave at
+    once, without waiting for its own replacement to start; the spare takes its place at that
+    step boundary, the replacement (on node 1: node 2 is cordoned) becomes the new spare.
+    Nothing is counted, no step trained below world 3 or twice."""
+    t = two
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    doomed = t.put_worker_2_on_node_2()
+    t.hold(t.second.name)  # the spare (worker index 3) on node 1
+    try:
+        t.k("patch", "trainingjob", t.job, "-n", t.ns, "--type=merge",
+            "-p", '{"spec": {"spares": 1}}')
+        spare = wait_for("a spare bound to node 1", lambda: t.bound(3, NODE_1), timeout=120)
+        wait_for("the spare waiting", lambda: t.status().get("readySpares") == 1
+                 and any(r["pod"] == spare for r in t.logs.events("spare")), timeout=240)
+    finally:
+        t.release(t.second.name)
+    before, survivors = t.counters(), t.survivors()
+    at = time.time()
+    t.k("cordon", t.second.name)
+    try:
+        taken = wait_for("the spare healed into the doomed worker's place", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r["pod"] == spare and r.get("healed_from")), None), timeout=120)
+        assert taken["world_size"] == 3 and taken["reason"] == "leave", taken
+        (left,) = [r for r in t.logs.events("left") if r["pod"] == doomed]
+        replacement = wait_for("worker 2's replacement on node 1", lambda: t.bound(2, NODE_1),
+                               timeout=60)
+        # The doomed worker left before its own replacement was anywhere in the world.
+        assert not [r for r in t.logs.events("spare") + t.logs.events("regroup")
+                    if r["pod"] == replacement and float(r["time"]) < float(left["time"])]
+        reasons = event_reasons(t.k, t.ns, t.job)
+        assert "NodeDisruptionNotice" in reasons, reasons
+        wait_for("the replacement waiting as the new spare", lambda: t.status().get(
+            "readySpares") == 1 and any(r["pod"] == replacement
+                                        for r in t.logs.events("spare")), timeout=240)
+        mark = time.time()
+        wait_for("10 steps after the move", lambda: len(
+            [r for r in t.logs.events("step") if float(r["time"]) > mark]) >= 10, timeout=120)
+    finally:
+        t.k("uncordon", t.second.name)
+    steps = [r for r in t.logs.events("step") if float(r["time"]) > at]
+    assert {r["world_size"] for r in steps} == {3}, sorted({r["world_size"] for r in steps})
+    assert steps_retrained(t.logs, at) == 0
+    assert t.counters() == before
+    # The spare was taken in in its process, like the survivors kept theirs.
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's or the spare's trainer process was restarted"
+    record_recovery("34-cordon-with-a-spare", float(taken["time"]) - at, mode=INPROCESS,
+                    pod=doomed, spare=spare)
+    print(f"{doomed} moved off cordoned {t.second.name}: spare {spare} in its place "
+          f"{float(taken['time']) - at:.1f} s after the cordon; {replacement} the new spare")
