@@ -104,7 +104,7 @@ def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_
         # It announced its rejoin before its restart, and the survivors saw it (so the
         # operator gave it time: policy.replace); the same pod came back (its worker
         # restarted in place), never a checkpoint load.
-        assert {r["node"] for r in logs.events("peer_rejoining") if r["pod"] == pod
+        assert {r["node"] for r in logs.events("peer_rejoining") if r["peer"] == pod
                 and float(r["time"]) > thawed - 1} == set(survivors), logs.events("peer_rejoining")
         assert t.processes()[pod].uid == uid
         assert not [r for r in logs.events("resumed") if float(r["time"]) > at]

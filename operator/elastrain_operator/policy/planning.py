@@ -171,6 +171,20 @@ def _finish(r: Round, job: TrainingJob, observed: Observed) -> None:
         r.delete_pods.append(store_name(job.metadata.name))
 
 
+def _replace_lost_store(r: Round, store: StorePod, name: str, why: str) -> None:
+    """The store pod's node is lost (NotReady, unreachable): force-delete the pod (a graceful
+    delete would wait for a kubelet that does not answer, and its node-loss toleration would
+    keep it for as long) so the next round creates it on a live node. The trainers train on
+    meanwhile: in process a world reclaims an empty store (docs/recovery.md section 7); torchrun
+    agents lose their rendezvous and are replaced, as on any store loss."""
+    r.force_delete_pods.append(store_name(name))
+    if not store.deleting:
+        r.events.append(EventSpec(
+            "Warning", c.STORE_LOST,
+            f"the rendezvous store pod's node {store.node} is lost ({why}): the pod is "
+            "force-deleted and created again on a live node"))
+
+
 def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
               finishing: bool, network: MetricsPeers | None,
               now: datetime) -> tuple[bool, bool, datetime | None]:
@@ -190,6 +204,8 @@ def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
     if pods and store is None:
         r.create.append(render_store_pod(job))
         created = True
+    elif store is not None and store.node in observed.lost_nodes:
+        _replace_lost_store(r, store, name, observed.lost_nodes[store.node])
     elif store is not None and not store.deleting and (
             not pods or store.phase in ("Failed", "Succeeded")):
         r.delete_pods.append(store_name(name))

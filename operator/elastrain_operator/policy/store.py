@@ -61,6 +61,7 @@ class StorePod:
     last_exit_code: int | None = None
     last_exit_reason: str = ""
     last_log_line: str = ""  # of the last terminated run (its termination message: the log tail)
+    node: str = ""  # spec.nodeName once bound
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ def read_store_pod(pod: Manifest) -> StorePod:
         last_exit_code=terminated.get("exitCode"),
         last_exit_reason=str(terminated.get("reason") or ""),
         last_log_line=_last_line(str(terminated.get("message") or "")),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 
 

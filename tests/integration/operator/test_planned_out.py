@@ -75,3 +75,43 @@ def test_a_planned_out_pod_is_replaced_counted_once_and_forced_only_once_its_nod
     events = [e["message"] for e in cluster.events("WorkerFailed")]
     assert any("planned out" in m and "force-deleted if its kubelet never confirms" in m
                for m in events), events
+
+
+def test_a_store_pod_on_a_lost_node_is_force_deleted_and_created_again(cluster: Cluster) -> None:
+    """The node hosting the job's store pod goes NotReady: its kubelet would never confirm a
+    delete, so the operator force-deletes the pod as soon as its Node watch says so, and
+    creates it again in the next round (the trainers train on; an in-process world reclaims
+    the empty store, docs/recovery.md section 7). Nothing is counted. Seen failing without the
+    force: the pod stayed Running on the lost node."""
+    nodes = NodeNotices(())
+    store = f"/api/v1/namespaces/{cluster.ns}/pods/demo-rdzv"
+    with own_nodes(cluster.kube, "storelost", False) as (pool, (node,)):
+        cluster.create_job(replicas=2, minReplicas=1, recovery={"mode": "InProcess"},
+                           rendezvous={"store": pinned(pool)})
+        options = Options(notices=nodes)
+        assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        wait_for("the store pod on the test's node", lambda: (
+            (cluster.kube.get(store) or {}).get("spec", {}).get("nodeName") == node) or None)
+        old = cluster.kube.get(store)
+        assert old is not None
+        cluster.pod_status("demo-rdzv", {"phase": "Running", "podIP": "127.0.0.9",
+                                         "conditions": [{"type": "Ready", "status": "True"}]})
+        assert cluster.kubelet is not None
+        cluster.kubelet.dark.add("demo-rdzv")  # its kubelet confirms nothing
+        nodes.put(read(cluster, node))
+        assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        assert (cluster.kube.get(store) or {}).get("metadata", {}).get("uid") == \
+            old["metadata"]["uid"]  # Ready: left alone
+        cluster.kube.patch(f"/api/v1/nodes/{node}/status", {"status": {
+            "conditions": [ready_condition("Unknown", "NodeStatusUnknown")]}})
+        assert nodes.put(read(cluster, node))
+        assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        assert cluster.kube.get(store) is None  # gone, not Terminating
+        events = [e["message"] for e in cluster.events("StoreLost")]
+        assert any(f"node {node} is lost" in m for m in events), events
+        assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+        new = cluster.kube.get(store)
+        assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
+        cluster.kubelet.dark.discard("demo-rdzv")
+    status = cluster.status()
+    assert (status.get("restarts", 0), status.get("preemptions", 0)) == (0, 0)

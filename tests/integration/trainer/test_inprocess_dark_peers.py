@@ -60,7 +60,7 @@ def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
     # c announced its rejoin before it restarted, and each survivor saw it (their /progress
     # then gives c more time before the operator would replace it: policy.replace).
-    rejoining = {(r["node"], r["pod"], r["gen"]) for n in ("a", "b") for r in pods.records(n)
+    rejoining = {(r["node"], r["peer"], r["gen"]) for n in ("a", "b") for r in pods.records(n)
                  if r["event"] == "peer_rejoining"}
     assert rejoining == {("a", "c", fail["gen"]), ("b", "c", fail["gen"])}, rejoining
     # The survivors kept their processes (a restart in place would be node a.1 or b.1); c came

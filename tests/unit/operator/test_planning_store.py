@@ -127,3 +127,27 @@ def test_suspend_forgets_the_store_attempt() -> None:
     assert w.condition(c.RENDEZVOUS_STORE_READY)["reason"] == c.JOB_SUSPENDED
     w.reconcile(at(300))
     assert w.status["phase"] == "Suspended"
+
+
+def test_a_store_pod_on_a_lost_node_is_force_deleted_and_created_again_at_once() -> None:
+    """Issue 34: the node hosting the store pod goes NotReady (its kubelet gone): the pod would
+    stay Running for its node-loss toleration, then Terminating until the node answers. The
+    operator force-deletes it as soon as its Node watch says the node is lost and creates it
+    again in the next round; nothing is counted, the workers keep running."""
+    w = World.new(recovery={"mode": "InProcess"})
+    w.reconcile(at(0))
+    w.pods["demo-rdzv"]["spec"]["nodeName"] = "node-a"
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}]}
+    for name in w.workers():
+        w.set_pod(name, "Running")
+    assert not w.reconcile(at(1)).force_delete_pods
+    lost = {"node-a": "Ready=Unknown (NodeStatusUnknown)"}
+    p = w.reconcile(at(2), lost_nodes=lost)
+    assert p.force_delete_pods == ("demo-rdzv",) and not p.delete_pods
+    (event,) = [e for e in p.events if e.reason == c.STORE_LOST]
+    assert "node-a is lost (Ready=Unknown (NodeStatusUnknown))" in event.message
+    assert (w.status["preemptions"], w.status["restarts"]) == (0, 0)
+    p = w.reconcile(at(3), lost_nodes=lost)
+    assert [m["metadata"]["name"] for m in p.create] == ["demo-rdzv"]
+    assert not p.force_delete_pods and len(w.workers()) == 2

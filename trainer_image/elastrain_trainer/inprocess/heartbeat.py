@@ -204,5 +204,5 @@ class Heartbeat:
         for pod, gen in self._store.rejoins(lost).items():
             if gen >= lost[pod] and self._rejoins.get(pod) != gen:
                 self._rejoins[pod] = gen
-                emit("peer_rejoining", node=self.node_id, pod=pod, gen=gen)
+                emit("peer_rejoining", node=self.node_id, peer=pod, gen=gen)
                 self._on_rejoin(pod)
