@@ -93,13 +93,14 @@ def control_token(options: Options, job: TrainingJob) -> str | None:
 
 def with_notices(observed: Observed, options: Options) -> Observed:
     """The notices of the nodes the job's workers run on (policy.notices), and which of them
-    are lost (policy.stale)."""
+    and of its store pod's node are lost (policy.stale, policy.planning)."""
     if options.notices is None:
         return replace(observed, notices_off=options.notices_off) if options.notices_off \
             else observed
     nodes = {w.node for w in observed.workers if w.node}
+    store = {observed.store.node} if observed.store is not None and observed.store.node else set()
     return replace(observed, notices=options.notices.of(nodes),
-                   lost_nodes=options.notices.lost_of(nodes))
+                   lost_nodes=options.notices.lost_of(nodes | store))
 
 
 def with_kueue(observed: Observed, job: TrainingJob, options: Options,
