@@ -35,6 +35,24 @@ def fails(pods: Pods) -> list[dict[str, Any]]:
     return [r for r in pods.all_records() if r["event"] == "regroup" and r["reason"] == "fail"]
 
 
+def three_until_one_freezes(pods: Pods, tmp_path: Path, knob: str,
+                            where: str) -> tuple[str, list[str], float]:
+    """a, b and c at world 3, the fault `knob` armed once among them; returns the node that
+    froze (its log: `injected freeze <where>`), the others, and when the freeze was seen."""
+    faults = tmp_path / "faults.env"
+    faults.write_text(f"{knob}=1\nELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'fault.fired'}\n")
+    for node in ("a", "b", "c"):
+        pods.start(node, 3, FAULT_INJECTION_FILE=str(faults))
+
+    def frozen_nodes() -> list[str]:
+        return [n for n in pods.procs if f"injected freeze {where}" in pods.log(n)]
+
+    wait_for(frozen_nodes, f"a node frozen {where}", timeout=180)
+    seen = time.time()
+    [frozen] = frozen_nodes()
+    return frozen, sorted(set(pods.procs) - {frozen}), seen
+
+
 def test_a_frozen_pod_is_planned_out_by_the_heartbeat_and_fenced_when_it_thaws(
         pods: Pods) -> None:
     start_three(pods)
@@ -162,18 +180,8 @@ def test_a_coordinator_frozen_before_its_commit_is_fenced_when_it_thaws(
     under the world that went on: its fence asks the store, finds generation 2 current, and it
     commits nothing. Seen failing with the fence left out: step-00000010 committed and `latest`
     named it."""
-    faults = tmp_path / "faults.env"
-    faults.write_text("ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT=1\n"
-                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'commit.fired'}\n")
-    for node in ("a", "b", "c"):
-        pods.start(node, 3, FAULT_INJECTION_FILE=str(faults))
-
-    def frozen_nodes() -> list[str]:
-        return [n for n in pods.procs if "injected freeze before the commit" in pods.log(n)]
-
-    wait_for(frozen_nodes, "a coordinator frozen before its commit", timeout=180)
-    [frozen] = frozen_nodes()
-    survivors = sorted(set(pods.procs) - {frozen})
+    frozen, survivors, _ = three_until_one_freezes(
+        pods, tmp_path, "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT", "before the commit")
     wait_for(lambda: fails(pods), f"the regroup after {frozen} froze", timeout=60)
     assert fails(pods)[0]["world_size"] == 2
 
@@ -253,19 +261,8 @@ def test_a_peer_dark_during_a_save_is_planned_out_within_the_heartbeats_bound(
     (5 minutes), step 10 is never committed, the survivors train on at world 2 and commit
     later steps. Thawed, the frozen node comes back through the join path. Seen failing with
     the sever left out (Member._sever returning at once): no regroup within the wait."""
-    faults = tmp_path / "faults.env"
-    faults.write_text("ELASTRAIN_FAULT_FREEZE_DURING_SAVE=1\n"
-                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'save.fired'}\n")
-    for node in ("a", "b", "c"):
-        pods.start(node, 3, FAULT_INJECTION_FILE=str(faults))
-
-    def frozen_nodes() -> list[str]:
-        return [n for n in pods.procs if "injected freeze during the save" in pods.log(n)]
-
-    wait_for(frozen_nodes, "a rank frozen during a save", timeout=180)
-    frozen_at = time.time()
-    [frozen] = frozen_nodes()
-    survivors = sorted(set(pods.procs) - {frozen})
+    frozen, survivors, frozen_at = three_until_one_freezes(
+        pods, tmp_path, "ELASTRAIN_FAULT_FREEZE_DURING_SAVE", "during the save")
     wait_for(lambda: fails(pods), f"the regroup after {frozen} froze", timeout=60)
     fail = fails(pods)[0]
     assert fail["world_size"] == 2 and fail["lost"] == [frozen], fail

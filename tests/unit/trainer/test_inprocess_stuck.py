@@ -53,3 +53,31 @@ def test_a_thread_in_a_later_generation_or_saving_a_stop_is_left_alone() -> None
 def test_the_bound_is_far_above_a_released_collective_and_grows_with_the_heartbeat() -> None:
     assert bound_for(2.0) == MIN_BOUND_S
     assert bound_for(30.0) == 60.0
+
+
+def told_then_ended(fails: bool) -> tuple[list[str], Exits]:
+    order: list[str] = []
+    exits = Exits()
+
+    def before() -> None:
+        order.append("told")
+        if fails:
+            raise OSError("the store is away")
+
+    def exit_(code: int) -> None:
+        order.append("exit")
+        exits(code)
+
+    watch = StuckWatch("b", 0.05, lambda gen: True, exit=exit_, before_exit=before)
+    watch.severed(3)
+    assert exits.done.wait(5)
+    return order, exits
+
+
+def test_the_member_is_told_before_the_process_ends_even_if_telling_fails() -> None:
+    """The member announces its pod's rejoin first (a thawed node the world planned out,
+    restarted this way, must not be replaced meanwhile); a failing announcement still ends
+    the process."""
+    for fails in (False, True):
+        order, exits = told_then_ended(fails)
+        assert order == ["told", "exit"] and exits.codes == [EXIT_RESTART]

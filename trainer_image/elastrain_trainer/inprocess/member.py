@@ -110,7 +110,8 @@ class Member(Admission):
         # What the checkpoint manager asks before a commit: is this node still in the world?
         self.stuck = StuckWatch(cfg.node_id, bound_for(cfg.heartbeat_timeout_s),
                                 lambda gen: (self.plan is not None and self.plan.gen == gen
-                                             and not self.dissolving))
+                                             and not self.dissolving),
+                                before_exit=self._announce_rejoin_now)
         self.fence = StoreFence(self._connect, lambda: (self.epoch, self.plan, self._stop_gen),
                                 lambda: self.heartbeat.lost)
 
@@ -417,6 +418,14 @@ class Member(Admission):
         if pod in plan.lost:
             with contextlib.suppress(dist.DistError):
                 self.store.announce_rejoin(pod, plan.gen)
+
+    def _announce_rejoin_now(self) -> None:
+        """The stuck watch's, on its own thread and connection (the training thread's client
+        is its own): this process ends to be restarted in place. Announced at the store's
+        current generation, as the world may have planned this pod out meanwhile."""
+        with contextlib.suppress(Exception):
+            store = self._connect(timedelta(seconds=2))
+            store.announce_rejoin(pod_of(self.node_id), store.generation())
 
     def _alone(self) -> Groups:
         """A private world of one (its groups on a store of its own), for a save that no

@@ -21,6 +21,7 @@ its save may take long and is the world's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -40,12 +41,15 @@ def bound_for(heartbeat_timeout_s: float) -> float:
 
 class StuckWatch:
     """`still_in(gen)`: whether the training thread is still in generation `gen` (its plan's,
-    not recovering, not saving a stop); `exit`: what ends the process (os._exit)."""
+    not recovering, not saving a stop); `exit`: what ends the process (os._exit);
+    `before_exit`: told first (the member announces its pod's rejoin: a node the world planned
+    out while it was dark, restarted this way, must not be replaced meanwhile)."""
 
     def __init__(self, node_id: str, bound_s: float, still_in: Callable[[int], bool],
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit,
+                 before_exit: Callable[[], None] = lambda: None) -> None:
         self.node_id, self.bound_s = node_id, bound_s
-        self._still_in, self._exit = still_in, exit
+        self._still_in, self._exit, self._before_exit = still_in, exit, before_exit
         self._lock = threading.Lock()
         self._released = 0  # the newest generation the training thread came out of
 
@@ -69,4 +73,6 @@ class StuckWatch:
         emit("stuck_in_severed_generation", node=self.node_id, gen=gen,
              after_s=round(time.monotonic() - since, 2),
              action="restart in place (a gloo send the sever did not fail)")
+        with contextlib.suppress(Exception):  # the restart matters more than the telling
+            self._before_exit()
         self._exit(EXIT_RESTART)
