@@ -489,3 +489,18 @@ def test_an_existing_secret_holds_the_control_key_instead() -> None:
     docs = render(sets=["control.existingSecret=my-key"])
     assert not of_kind(docs, "Secret")
     assert _control_key_ref(docs) == {"name": "my-key", "key": "key"}
+
+
+def test_the_operator_leaves_a_lost_node_after_30_seconds_unless_told_otherwise() -> None:
+    """Kubernetes gives a pod 300 s on an unreachable or NotReady node; the operator's pod
+    tolerates 30 s, then its Deployment starts it on a live node. Each can be dropped."""
+    def tolerations(*sets: str) -> dict[str, Manifest]:
+        pod = one(render(sets=list(sets)), "Deployment")["spec"]["template"]["spec"]
+        return {t["key"]: t for t in pod.get("tolerations", [])}
+
+    default = tolerations()
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"):
+        assert default[key] == {"key": key, "operator": "Exists", "effect": "NoExecute",
+                                "tolerationSeconds": 30}
+    assert set(tolerations("tolerations.nodeNotReady=null")) == {
+        "node.kubernetes.io/unreachable"}
