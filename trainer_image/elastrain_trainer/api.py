@@ -69,6 +69,7 @@ from elastrain_trainer.session.process import (
     init_distributed,
     process,
     run,
+    training_ended,
 )
 from elastrain_trainer.session.stale_groups import StaleGroupError
 from elastrain_trainer.session.state import (  # noqa: F401 - api's names for them
@@ -262,6 +263,7 @@ class Session(WorldChanges):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        training_ended()
         if exc is not None:
             # A crash or a lost peer: no collective now (a peer may be gone); guard_main decides.
             self._close_server()
@@ -364,6 +366,7 @@ class Session(WorldChanges):
         stopping, time_due, busy = self._stop.agree_with(self._groups.control, time_due,
                                                          self.manager.in_flight())
         if stopping:
+            training_ended()
             emit("stopping", rank=self.denv.rank, step=self.step, signalled=self._stop.signalled)
             self.manager.save(self._request(), blocking=True)
             self.stopped, self.exit_code = True, self._stop.exit_code()

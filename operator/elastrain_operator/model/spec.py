@@ -188,9 +188,10 @@ class RecoverySpec(ApiModel):
                     "resharded in process (without notice FSDP2 restarts from the checkpoint).")
     heartbeat_timeout_seconds: int = Field(
         default=5, ge=2, le=300,
-        description="InProcess: a worker silent this long is judged lost (a pod that dies "
-                    "with its node closes no socket); 5 s is far below the node controller's "
-                    "40 s and above a loaded node's pauses.")
+        description="A worker silent this long is judged lost (a pod that dies with its "
+                    "node closes no socket): InProcess plans it out, Restart restarts the "
+                    "group without it; 5 s is far below the node controller's 40 s and the "
+                    "collective timeout's 5 minutes, and above a loaded node's pauses.")
     node_loss_toleration_seconds: int = Field(
         default=30, ge=0, le=3600,
         description="How long every pod of the job tolerates its node being NotReady or "

@@ -61,6 +61,8 @@ def render_torchrun_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
         "PET_RDZV_CONF": render_rendezvous_conf(spec),
         **_agent_env(spec),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # The workers' dark-peer watch (elastrain_trainer.session.dark_peers).
+        "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": str(spec.recovery.heartbeat_timeout_seconds),
     }
 
 

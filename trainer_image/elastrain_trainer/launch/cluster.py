@@ -107,6 +107,8 @@ class LocalCluster:
             env.update(ELASTRAIN_STORE=f"127.0.0.1:{self._port}", ELASTRAIN_NODE_ID=name)
         else:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            # As in a pod (render.env): the workers' dark-peer watch beats on this store.
+            env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{self._port}"
             cmd += [f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
                     f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",

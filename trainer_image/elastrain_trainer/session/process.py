@@ -20,6 +20,7 @@ from elastrain_trainer.loaders import install as _track_loaders
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, DistEnv, Groups, read_dist_env
 from elastrain_trainer.parallel import init_distributed as _init_all
 from elastrain_trainer.session import stale_groups
+from elastrain_trainer.session.dark_peers import DarkPeerWatch, start_dark_peer_watch
 
 
 @dataclasses.dataclass
@@ -29,6 +30,7 @@ class Process:
 
     groups: Groups | None = None
     inprocess: InProcessRuntime | None = None
+    dark_peers: DarkPeerWatch | None = None  # Restart mode's (session.dark_peers)
 
 
 process = Process()
@@ -59,6 +61,9 @@ def init_distributed() -> DistEnv:
         assert isinstance(control, dist.ProcessGroup)
         assert isinstance(checkpoint, dist.ProcessGroup)
         process.groups = Groups(control, checkpoint)
+    if process.dark_peers is None:
+        process.dark_peers = start_dark_peer_watch(dist.get_rank(), dist.get_world_size(),
+                                                   process.groups.control)
     return dataclasses.replace(denv, rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
@@ -105,3 +110,10 @@ def run(main: Callable[[], object]) -> NoReturn:
 
 def exit_code(result: object) -> int:
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def training_ended() -> None:
+    """The Session's loop ended (finished, stopping, or left): Restart mode's dark-peer watch
+    stops judging (session.dark_peers)."""
+    if process.dark_peers is not None:
+        process.dark_peers.quiet()

@@ -1,0 +1,64 @@
+"""session.dark_peers without a store or a group: whom a rank watches, and that a silent
+neighbour ends the process as a lost peer (EXIT_RESTART) while a beating one never does."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+from elastrain_trainer.session.dark_peers import DarkPeerWatch
+from elastrain_trainer.signals import EXIT_RESTART
+
+
+class Counters:
+    """A store's heartbeat counters: `beating` peers move, the others never do."""
+
+    def __init__(self, beating: set[str]) -> None:
+        self.beating, self.counts = beating, dict[str, int]()
+
+    def beat(self, node: str) -> int:
+        return 0
+
+    def heartbeats(self, nodes: Iterable[str]) -> dict[str, int | None]:
+        for n in self.beating:
+            self.counts[n] = self.counts.get(n, 0) + 1
+        return {n: self.counts.get(n, 0) for n in nodes}
+
+
+def test_a_rank_watches_its_two_ring_neighbours() -> None:
+    assert DarkPeerWatch(lambda: None, 0, 8).peers == ["1", "7"]  # type: ignore[arg-type,return-value]
+    assert DarkPeerWatch(lambda: None, 1, 2).peers == ["0"]  # type: ignore[arg-type,return-value]
+
+
+def test_a_silent_neighbour_ends_the_process_a_beating_one_never() -> None:
+    exits: list[int] = []
+    done = threading.Event()
+
+    def exit_(code: int) -> None:
+        exits.append(code)
+        done.set()
+
+    quiet = DarkPeerWatch(lambda: Counters({"1", "3"}), 0, 4,  # type: ignore[arg-type,return-value]
+                          timeout_s=2.0, exit=exit_).start()
+    assert not done.wait(3.0)  # 1.5 timeouts: both neighbours beat
+    quiet.stop()
+    dark = DarkPeerWatch(lambda: Counters({"1"}), 0, 4,  # type: ignore[arg-type,return-value]
+                         timeout_s=2.0, exit=exit_).start()
+    assert done.wait(5.0) and exits == [EXIT_RESTART]
+    dark.stop()
+
+
+def test_once_the_loop_ended_a_rank_judges_nobody_and_beats_on() -> None:
+    """Ranks leave at slightly different times: a quiet watch never ends its process for a
+    neighbour that has ended, and keeps beating for the neighbours still judging."""
+    exits: list[int] = []
+    beats: list[str] = []
+    store = Counters(set())
+    store.beat = lambda node: beats.append(node) or 0  # type: ignore[method-assign]
+    watch = DarkPeerWatch(lambda: store, 0, 4,  # type: ignore[arg-type,return-value]
+                          timeout_s=2.0, exit=exits.append).start()
+    watch.quiet()
+    time.sleep(3.0)
+    watch.stop()
+    assert exits == [] and len(beats) >= 10

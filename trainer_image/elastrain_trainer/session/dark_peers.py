@@ -1,0 +1,115 @@
+"""Restart mode: a peer that goes dark is found by a heartbeat, not by gloo's collective timeout
+(issue 34; docs/recovery.md section 8, "Restart mode").
+
+A rank whose peer went dark without closing its sockets (a partition, a frozen or hung host)
+waits in its collective for the whole collective timeout (5 minutes): gloo has no abort, and
+only a closed socket ends the wait early. In Restart mode every lost peer restarts the whole
+worker group anyway (torchrun's rendezvous, then the resume from the newest checkpoint), so a
+rank need not be released from that wait: it ends its process with the lost-peer exit code
+(EXIT_RESTART), which also closes its own sockets, so every other rank blocked on it fails at
+once; its launcher then rendezvouses again, and the dark node is left out once its keep-alive
+lapses (spec.rendezvous keepAliveIntervalSeconds x keepAliveMaxAttempts).
+
+Each rank beats on the job's rendezvous store (PET_RDZV_ENDPOINT: the store pod, which outlives
+every worker, where a rank-0-hosted store would go dark with rank 0) under the prefix of its
+group's incarnation (a nonce rank 0 draws and broadcasts when the group forms), and judges its
+two ring neighbours with `membership.Liveness` on its own clock: silent for
+ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS (5 s by default) is dark. A slow step never is (the beat is
+this thread's, whatever the training thread does); a rank that cannot reach the store judges
+nobody (its silence is its own).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from elastrain_trainer.events import emit
+from elastrain_trainer.inprocess.heartbeat import BEATS_PER_TIMEOUT, DEFAULT_TIMEOUT_S
+from elastrain_trainer.inprocess.membership import Liveness
+from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.signals import EXIT_RESTART
+
+ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
+TIMEOUT_ENV = "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"
+
+
+class DarkPeerWatch:
+    """`connect()`: a client of the job's store under this group's prefix; `exit`: what ends
+    the process (os._exit)."""
+
+    def __init__(self, connect: Callable[[], MembershipStore], rank: int, world_size: int, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 exit: Callable[[int], None] = os._exit) -> None:
+        self._connect, self.rank = connect, rank
+        # Its ring neighbours only (the store serves 2 reads per rank and beat, not N): once a
+        # neighbour of the dark rank ends its process, its closed sockets fail the collectives
+        # of every rank waiting on it, and torchrun's agents restart the whole group.
+        self.peers = sorted({str((rank + d) % world_size) for d in (-1, 1)} - {str(rank)},
+                            key=int)
+        self.timeout_s, self.interval_s = timeout_s, timeout_s / BEATS_PER_TIMEOUT
+        self._exit = exit
+        self._judging = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="elastrain-dark-peers",
+                                        daemon=True)
+
+    def start(self) -> DarkPeerWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def quiet(self) -> None:
+        """The training loop ended (finished, or a stop agreed at a step boundary): judge
+        nobody from now on, but beat on until the process ends. Ranks leave at slightly
+        different times (the coordinator commits the last save after the others are done),
+        and a rank whose neighbour had already ended must not take the end for darkness."""
+        self._judging = False
+
+    def _run(self) -> None:
+        store: MembershipStore | None = None
+        liveness = Liveness(self.timeout_s)
+        while not self._stop.wait(self.interval_s):
+            try:
+                store = store or self._connect()
+                store.beat(str(self.rank))
+                counters = store.heartbeats(self.peers)
+            except Exception:  # the store away: judge nobody, start over once it answers
+                store, liveness = None, Liveness(self.timeout_s)
+                continue
+            now = time.monotonic()
+            liveness.observe(counters, now)
+            if self._judging and (dark := sorted(liveness.dead(now), key=int)):
+                emit("dark_peer", rank=self.rank, peers=[int(p) for p in dark],
+                     silent_s=self.timeout_s,
+                     action="restart the worker group (a peer went dark: no socket closed)")
+                self._exit(EXIT_RESTART)
+                return
+
+
+def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
+                          env: Mapping[str, str] = os.environ) -> DarkPeerWatch | None:
+    """The watch of a torchrun worker group of more than one rank (collective: every rank of
+    `group` calls it once the group formed); None outside torchrun's rendezvous."""
+    endpoint = env.get(ENDPOINT_ENV, "")
+    host, _, port = endpoint.rpartition(":")
+    if world_size < 2 or not host or not port.isdigit():
+        return None
+    nonce = [uuid.uuid4().hex if rank == 0 else ""]
+    dist.broadcast_object_list(nonce, src=0, group=group)
+    timeout_s = float(env.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+
+    def connect() -> MembershipStore:
+        return MembershipStore.connect(host, int(port), f"restart-{nonce[0]}",
+                                       timeout=timedelta(seconds=timeout_s),
+                                       connect_within=timedelta(seconds=timeout_s / 5))
+
+    return DarkPeerWatch(connect, rank, world_size, timeout_s=timeout_s).start()
