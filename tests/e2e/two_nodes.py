@@ -9,6 +9,7 @@ a notice the operator reads) keeps the scheduler off one node while a pod is cre
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,22 @@ def commits(node: NodeCluster, ns: str, job: str) -> tuple[list[dict[str, Any]],
             "fenced": False} for c in catalog.commits]
     out += [{"dir": d, "why": why, "fenced": True} for d, why in catalog.damaged.items()]
     return out, storage.read("latest").decode()
+
+
+def settled_commits(node: NodeCluster, ns: str, job: str) -> tuple[list[dict[str, Any]], str,
+                                                                     dict[str, Any]]:
+    """commits(), and the newest unfenced commit, read again while `latest` and the newest
+    differ (at most 5 reads, 0.5 s apart): the world commits on while the bucket is listed,
+    so a commit that lands between the listing and the read of `latest` is no disagreement
+    (seen once: `latest` named step 280, listed a moment before as absent). A `latest` that
+    names an older commit stays so across the reads."""
+    for _ in range(5):
+        made, latest = commits(node, ns, job)
+        newest = max((c for c in made if not c["fenced"]), key=lambda c: c["at"])
+        if latest == newest["dir"]:
+            break
+        time.sleep(0.5)
+    return made, latest, newest
 
 
 
