@@ -65,6 +65,7 @@ from elastrain_trainer.parallel import DistEnv
 from elastrain_trainer.session.process import (
     World,
     all_reduce,
+    checkpoint_fence,
     destroy_process_groups,
     init_distributed,
     process,
@@ -242,7 +243,7 @@ class Session(WorldChanges):
             async_save=cfg.checkpoint_async, process_group=self._groups.checkpoint,
             endpoint=cfg.checkpoint_endpoint, run=self.run_id,
             wait_seconds=cfg.checkpoint_wait_seconds,
-            fence=process.inprocess.member.fence if process.inprocess is not None else None)
+            fence=checkpoint_fence())
         if joined_live:
             self._settle()  # the state, the step and the rest from a live peer
         elif process.inprocess is not None and process.inprocess.sharded:

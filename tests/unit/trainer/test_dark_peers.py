@@ -62,3 +62,35 @@ def test_once_the_loop_ended_a_rank_judges_nobody_and_beats_on() -> None:
     time.sleep(3.0)
     watch.stop()
     assert exits == [] and len(beats) >= 10
+
+
+def test_a_rank_that_was_itself_stopped_judges_afresh_from_when_it_woke() -> None:
+    """A frozen and thawed worker: its neighbours' silence over its own stop is not theirs.
+    Its first look after the stop does not end the process (seen failing without the rule:
+    the exit came on that very look); a silence that lasts a timeout from then still does."""
+    looks: list[int] = []
+    exits: list[int] = []
+    done = threading.Event()
+    stall_at = 3
+    store = Counters({"1", "3"})
+    heartbeats = store.heartbeats
+
+    def look(nodes: Iterable[str]) -> dict[str, int | None]:
+        looks.append(len(looks))
+        if len(looks) == stall_at:
+            time.sleep(2.5)  # this rank stopped for more than the timeout ...
+        if len(looks) >= stall_at:
+            store.beating = set()  # ... and its neighbours are gone
+        return heartbeats(nodes)
+
+    store.heartbeats = look  # type: ignore[method-assign]
+
+    def exit_(code: int) -> None:
+        exits.append(len(looks))
+        done.set()
+
+    watch = DarkPeerWatch(lambda: store, 0, 4,  # type: ignore[arg-type,return-value]
+                          timeout_s=2.0, exit=exit_).start()
+    assert done.wait(10.0)
+    watch.stop()
+    assert exits[0] > stall_at + 1, (exits, stall_at)

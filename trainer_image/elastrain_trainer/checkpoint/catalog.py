@@ -39,7 +39,7 @@ class Commit:
     seq: int = 0
     run: str = ""
     store_epoch: str = ""
-    gen: int = 0  # 0: not made in a generation (restart mode, or an older marker)
+    gen: int = 0  # 0: not made in a generation (no fence: a local run, or an older marker)
 
     def order(self) -> tuple[int, int, int]:
         parsed = mf.parse_dir(self.dir)

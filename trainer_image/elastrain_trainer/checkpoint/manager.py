@@ -15,9 +15,9 @@ What it promises (catalog.py, read_faults.py):
 - save() never writes into a directory that holds objects, so nothing committed is overwritten.
 - retention keeps the newest `keep` commits in commit order and every damaged checkpoint;
   `latest` names the newest commit.
-- with a `fence` (in-process mode), a coordinator that the world has planned out commits
-  nothing: no marker, no `latest`, no retention (catalog.py's fencing rule is the bucket's side
-  of it).
+- with a `fence` (in-process mode's member, or a torchrun group's), a coordinator that the
+  world has planned out commits nothing: no marker, no `latest`, no retention (catalog.py's
+  fencing rule is the bucket's side of it).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class CheckpointManager:
 
     `run` names this run in each commit marker: load(run=...) resumes only that run's own
     commits (a run told to start over). `wait_seconds` bounds how long a failing store is
-    retried at load. `fence`: see Fence (None: nothing to check, as in restart mode)."""
+    retried at load. `fence`: see Fence (None: nothing to check, a run outside torchrun)."""
 
     def __init__(self, storage: CheckpointStorage, *, keep: int = 3, async_save: bool = True,
                  process_group: dist.ProcessGroup | None = None, endpoint: str = "",

@@ -34,6 +34,7 @@ from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess.heartbeat import BEATS_PER_TIMEOUT, DEFAULT_TIMEOUT_S
 from elastrain_trainer.inprocess.membership import Liveness
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.session.restart_fence import STORE_RUN, RestartFence, claim_generation
 from elastrain_trainer.signals import EXIT_RESTART
 
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
@@ -55,6 +56,7 @@ class DarkPeerWatch:
                             key=int)
         self.timeout_s, self.interval_s = timeout_s, timeout_s / BEATS_PER_TIMEOUT
         self._exit = exit
+        self.fence: RestartFence | None = None  # this group's (start_dark_peer_watch)
         self._judging = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastrain-dark-peers",
@@ -77,6 +79,7 @@ class DarkPeerWatch:
     def _run(self) -> None:
         store: MembershipStore | None = None
         liveness = Liveness(self.timeout_s)
+        looked = time.monotonic()
         while not self._stop.wait(self.interval_s):
             try:
                 store = store or self._connect()
@@ -86,6 +89,12 @@ class DarkPeerWatch:
                 store, liveness = None, Liveness(self.timeout_s)
                 continue
             now = time.monotonic()
+            if now - looked >= self.timeout_s:
+                # This process was itself stopped (a frozen host, now thawed): the peers'
+                # silence over that time is not theirs. Judge from now on; a group that went
+                # on without this worker is gone for good, so the silence comes again.
+                liveness = Liveness(self.timeout_s)
+            looked = now
             liveness.observe(counters, now)
             if self._judging and (dark := sorted(liveness.dead(now), key=int)):
                 emit("dark_peer", rank=self.rank, peers=[int(p) for p in dark],
@@ -98,18 +107,31 @@ class DarkPeerWatch:
 def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
                           env: Mapping[str, str] = os.environ) -> DarkPeerWatch | None:
     """The watch of a torchrun worker group of more than one rank (collective: every rank of
-    `group` calls it once the group formed); None outside torchrun's rendezvous."""
+    `group` calls it once the group formed), with the group's checkpoint fence
+    (`watch.fence`, session.restart_fence); None outside torchrun's rendezvous."""
     endpoint = env.get(ENDPOINT_ENV, "")
     host, _, port = endpoint.rpartition(":")
     if world_size < 2 or not host or not port.isdigit():
         return None
-    nonce = [uuid.uuid4().hex if rank == 0 else ""]
-    dist.broadcast_object_list(nonce, src=0, group=group)
     timeout_s = float(env.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
 
-    def connect() -> MembershipStore:
-        return MembershipStore.connect(host, int(port), f"restart-{nonce[0]}",
+    def client(run: str) -> MembershipStore:
+        return MembershipStore.connect(host, int(port), run,
                                        timeout=timedelta(seconds=timeout_s),
                                        connect_within=timedelta(seconds=timeout_s / 5))
 
-    return DarkPeerWatch(connect, rank, world_size, timeout_s=timeout_s).start()
+    # [the watch's prefix, the store's epoch, this group's generation] from rank 0
+    formed: list[object] = [uuid.uuid4().hex, "", 0] if rank == 0 else ["", "", 0]
+    if rank == 0:
+        try:
+            formed[1], formed[2] = claim_generation(client(STORE_RUN),
+                                                    env.get("HOSTNAME", ""))
+        except Exception as e:  # unfenced (as before), the bucket's rule still applies
+            emit("checkpoint_fence_unavailable", error=str(e)[:200],
+                 note="this worker group's commits are not checked against the store")
+    dist.broadcast_object_list(formed, src=0, group=group)
+    nonce, epoch, gen = str(formed[0]), str(formed[1]), int(str(formed[2]))
+    watch = DarkPeerWatch(lambda: client(f"restart-{nonce}"), rank, world_size,
+                          timeout_s=timeout_s)
+    watch.fence = RestartFence(lambda: client(STORE_RUN), epoch, gen) if gen else None
+    return watch.start()

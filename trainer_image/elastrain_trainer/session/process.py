@@ -12,6 +12,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from elastrain_trainer.checkpoint.manager import Fence
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.faults import guard_main
 from elastrain_trainer.inprocess.config import read_inprocess_config
@@ -110,6 +111,14 @@ def run(main: Callable[[], object]) -> NoReturn:
 
 def exit_code(result: object) -> int:
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def checkpoint_fence() -> Fence | None:
+    """What the Session's CheckpointManager asks before a commit: in-process mode's member
+    (inprocess.fence), or the torchrun group's (session.restart_fence); None outside both."""
+    if process.inprocess is not None:
+        return process.inprocess.member.fence
+    return process.dark_peers.fence if process.dark_peers is not None else None
 
 
 def training_ended() -> None:
