@@ -188,9 +188,17 @@ class LogCollector:
         wait_for(f"training step {step}", lambda: self.max_step() >= step, timeout=timeout)
 
 
+def group_starts(collector: LogCollector, since: float) -> list[dict[str, Any]]:
+    """A worker group's starts after `since`, in time order: a resume from a checkpoint, or a
+    fresh start (a group that restarted before anything was committed)."""
+    return sorted((r for kind in ("resumed", "fresh_start") for r in collector.events(kind)
+                   if float(r["time"]) > since), key=lambda r: float(r["time"]))
+
+
 def first_step_after(collector: LogCollector, since: float) -> dict[str, Any] | None:
-    """The first step record trained after a resume that happened after `since` (epoch s)."""
-    resumes = [r for r in collector.events("resumed") if float(r["time"]) > since]
+    """The first step record trained after a group's start that happened after `since` (epoch
+    s)."""
+    resumes = group_starts(collector, since)
     if not resumes:
         return None
     resumed_at = float(resumes[0]["time"])
@@ -207,8 +215,8 @@ def steps_lost_at(collector: LogCollector, since: float) -> int:
     """
     earlier = [int(r["step"]) for r in collector.events("step") if float(r["time"]) <= since]
     before = earlier[-1] if earlier else 0
-    resumes = [r for r in collector.events("resumed") if float(r["time"]) > since]
-    return max(0, before - int(resumes[0]["step"])) if resumes else before
+    resumes = group_starts(collector, since)
+    return max(0, before - int(resumes[0].get("step", 0))) if resumes else before
 
 
 def first_step_after_change(collector: LogCollector, since: float) -> dict[str, Any] | None:

@@ -24,8 +24,9 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
    partition lifts the dark worker ends without training beside the world: the store's plan
    never names it again, and the bucket holds no commit of its generation made after the
    world moved on.
-4. Node 2 only cordoned, with a spare waiting on node 1: the doomed worker leaves at once and
-   the spare takes its place; its replacement becomes the new spare. Nothing counted.
+4. Node 2 cordoned, with a spare waiting on node 1, and drained 30 s later: the doomed worker
+   leaves at once and the spare takes its place; its replacement becomes the new spare; the
+   drain finds none of the job's pods there. Nothing counted.
 """
 
 from __future__ import annotations
@@ -287,13 +288,14 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
           f"in the world after {float(joined['time']) - at:.1f} s")
 
 
-def test_4_a_cordon_alone_moves_a_worker_and_a_waiting_spare_takes_its_place_at_once(
+def test_4_a_cordon_moves_a_worker_onto_a_waiting_spare_at_once_before_the_drain_30s_later(
         two: TwoNodeJob) -> None:
-    """Node 2 cordoned, nothing drained (a cordon is a notice: a drain's first step, or a
-    person's): with a spare already waiting on node 1 the doomed worker is asked to leave at
-    once, without waiting for its own replacement to start; the spare takes its place at that
-    step boundary, the replacement (on node 1: node 2 is cordoned) becomes the new spare.
-    Nothing is counted, no step trained below world 3 or twice."""
+    """Node 2 cordoned (a cordon is a notice: a drain's first step, or a person's), drained 30 s
+    later: with a spare already waiting on node 1 the doomed worker is asked to leave at once,
+    without waiting for its own replacement to start; the spare takes its place at that step
+    boundary, the replacement (on node 1: node 2 is cordoned) becomes the new spare, and the
+    drain finds none of the job's pods on node 2. Nothing is counted, no step trained below
+    world 3 or twice."""
     t = two
     t.settle()
     t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
@@ -327,6 +329,12 @@ def test_4_a_cordon_alone_moves_a_worker_and_a_waiting_spare_takes_its_place_at_
         wait_for("the replacement waiting as the new spare", lambda: t.status().get(
             "readySpares") == 1 and any(r["pod"] == replacement
                                         for r in t.logs.events("spare")), timeout=240)
+        # The drain, 30 s after the cordon (the moves above take less here).
+        time.sleep(max(0.0, at + 30 - time.time()))
+        drained = time.time()
+        t.k("drain", t.second.name, "--pod-selector", Training.worker_selector(t.job),
+            "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s", timeout=120)
+        assert not [p for p in t.workers() if p["spec"].get("nodeName") == t.second.name]
         mark = time.time()
         wait_for("10 steps after the move", lambda: len(
             [r for r in t.logs.events("step") if float(r["time"]) > mark]) >= 10, timeout=120)
@@ -340,6 +348,6 @@ def test_4_a_cordon_alone_moves_a_worker_and_a_waiting_spare_takes_its_place_at_
     assert {n: t.survivors().get(n) for n in survivors} == survivors, \
         "a survivor's or the spare's trainer process was restarted"
     record_recovery("34-cordon-with-a-spare", float(taken["time"]) - at, mode=INPROCESS,
-                    pod=doomed, spare=spare)
+                    pod=doomed, spare=spare, drained_after_s=round(drained - at, 1))
     print(f"{doomed} moved off cordoned {t.second.name}: spare {spare} in its place "
           f"{float(taken['time']) - at:.1f} s after the cordon; {replacement} the new spare")

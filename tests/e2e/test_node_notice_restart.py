@@ -1,12 +1,20 @@
-"""Issue 34 item 5 in Restart mode on two real nodes (tests/e2e/two_nodes.py): "a save, then the
-move". Node 2, where worker 2 runs, is tainted `karpenter.sh/disrupted:NoSchedule`. The operator
-creates worker 2's replacement first; once the scheduler has bound it to node 1, the operator
-deletes the doomed pod, whose SIGTERM makes every worker save the step and restart from it
-(torchrun's rendezvous), the replacement among them. All of it before any drain: the drain
-that Karpenter sends afterwards finds none of the job's pods on the node. Nothing is counted and
-no step is lost; the notice condition ends once the move is done.
+"""Issue 34 in Restart mode on two real nodes (tests/e2e/two_nodes.py); worker 2 on node 2.
 
-(The InProcess move, with a drain quicker than the move, is test_node_loss.py's scenario 2.)
+1. Item 5, "a save, then the move": node 2 is tainted `karpenter.sh/disrupted:NoSchedule`. The
+   operator creates worker 2's replacement first; once the scheduler has bound it to node 1,
+   the operator deletes the doomed pod, whose SIGTERM makes every worker save the step and
+   restart from it (torchrun's rendezvous), the replacement among them. All of it before any
+   drain: the drain that Karpenter sends afterwards finds none of the job's pods on the node.
+   Nothing is counted and no step is lost; the notice condition ends once the move is done.
+   (The InProcess move, with a drain quicker than the move, is test_node_loss.py's scenario 2.)
+2. Items 2-4: node 2 partitioned (every packet to and from it dropped: no socket closes). The
+   survivors' dark-peer watch (session/dark_peers.py) ends their group by the heartbeat, not
+   gloo's 5-minute collective timeout, and torchrun's rendezvous re-forms it at world 2 once the
+   dark agent's keep-alive lapses. Node 2 goes NotReady; the operator counts the worker once as
+   a failure, force-deletes it and creates its replacement on node 1, and the group is whole
+   again. When the partition lifts, the dark worker's processes end without a step or a commit
+   beside the world: every commit since the partition is of a newer group (generations rise in
+   commit order), none fenced, `latest` the newest.
 """
 
 from __future__ import annotations
@@ -22,11 +30,19 @@ from tests.e2e.support import (
     RESTART,
     Training,
     event_reasons,
+    group_starts,
     record_recovery,
     steps_lost_at,
     wait_for,
 )
-from tests.e2e.two_nodes import KARPENTER, NODE_1, TwoNodeJob, job_on_two_nodes
+from tests.e2e.two_nodes import (
+    KARPENTER,
+    NODE_1,
+    TwoNodeJob,
+    job_on_two_nodes,
+    pod_processes,
+    settled_commits,
+)
 
 JOB = "notice-restart"
 
@@ -48,7 +64,7 @@ def notice(t: TwoNodeJob) -> dict[str, Any]:
                  if c["type"] == "NodeDisruptionNotice"), {})
 
 
-def test_a_noticed_worker_moves_with_a_save_before_any_drain_and_nothing_is_counted(
+def test_1_a_noticed_worker_moves_with_a_save_before_any_drain_and_nothing_is_counted(
         two: TwoNodeJob) -> None:
     t = two
     t.settle()
@@ -101,3 +117,60 @@ def test_a_noticed_worker_moves_with_a_save_before_any_drain_and_nothing_is_coun
     finally:
         t.k("taint", "node", t.second.name, f"{KARPENTER}:NoSchedule-", check=False)
         t.k("uncordon", t.second.name, check=False)
+
+
+def test_2_a_partitioned_worker_restarts_the_group_by_the_heartbeat_and_stays_fenced(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    if t.node_of(t.worker(2)) != t.second.name:  # scenario 1 moved it to node 1
+        t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+        t.settle(replicas=2)
+        t.put_worker_2_on_node_2()
+    dark = t.worker(2)
+    assert t.node_of(dark) == t.second.name
+    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    before = t.counters()
+    made_before, _ = settled_commits(t.node, t.ns, t.job)[:2]
+    gen_before = max((c["gen"] for c in made_before if not c["fenced"]), default=0)
+    t.hold(t.second.name)  # its replacement goes to node 1
+    at = time.time()
+    t.second.partition()
+    try:
+        # A survivor's watch, then the group re-formed without the dark node: far below gloo's
+        # collective timeout (300 s), which is all that ended the wait before.
+        first = t.resumed_after(at, timeout=120)
+        assert first["world_size"] == 2, first
+        seen = [r for r in t.logs.events("dark_peer") if float(r["time"]) > at]
+        assert seen and all(r["pod"] != dark for r in seen), seen
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=180)
+        whole = wait_for("the group whole again", lambda: next(
+            (r for r in group_starts(t.logs, float(first["time"]))
+             if r.get("world_size") == 3), None), timeout=240)
+        wait_for("the loss counted", lambda: t.counters() != before, timeout=60)
+        assert t.counters() == (before[0], before[1] + 1), (before, t.counters())
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+    finally:
+        t.second.heal()
+        t.release(t.second.name)
+    healed = time.time()
+    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    wait_for("a commit after the heal", lambda: [
+        r for r in t.logs.events("checkpoint_saved") if float(r["time"]) > healed], timeout=120)
+    assert not [r for r in t.logs.events("step") if r["pod"] == dark
+                and float(r["time"]) > float(first["time"])]
+    # The bucket: whatever the dark worker held, every commit since the partition is of a
+    # newer group than any before it, none fenced, and `latest` is the newest.
+    made, latest, newest = settled_commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"]], made
+    since = sorted((c for c in made if not c["fenced"] and c["at"] > at), key=lambda c: c["at"])
+    assert since and all(c["gen"] > gen_before for c in since), (gen_before, since)
+    assert [c["gen"] for c in since] == sorted(c["gen"] for c in since), since
+    assert latest == newest["dir"], (latest, newest)
+    assert t.bound(2, NODE_1) == replacement
+    record_recovery("34-partition-restart", float(first["time"]) - at, mode=RESTART, pod=dark,
+                    whole_s=round(float(whole["time"]) - at, 1))
+    print(f"{dark} partitioned: training at world 2 {float(first['time']) - at:.1f} s after, "
+          f"whole again ({replacement}) {float(whole['time']) - at:.1f} s after")
