@@ -4,6 +4,7 @@ without the internals it patches stops the launcher with a message instead of ru
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -96,3 +97,23 @@ def test_a_missing_peer_is_not_finished_and_a_restarting_peer_ends_the_wait_at_o
     store = _store()
     assert not launch_agent.peers_finished(store, 2, waiting, timeout=3600.0)
     assert len(polls) == 1
+
+
+def test_a_world_whose_every_node_crashed_did_not_finish() -> None:
+    """Every node's worker crashed (one that cannot start, on every node): each arrives at the
+    barrier from its own crash, and none may take it for a finished world (seen: an import
+    error on all 3 nodes ended every pod 0 as "training is complete")."""
+    store = _store()
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        launch_agent.peers_finished(store, 3, lambda: 0, timeout=10.0))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [False, False, False]
+    # One crashed after its peers finished (they arrive from torch's own barrier): finished.
+    store = _store()
+    _peer_arrives(store, 3)
+    _peer_arrives(store, 3)
+    assert launch_agent.peers_finished(store, 3, lambda: 0, timeout=5.0)

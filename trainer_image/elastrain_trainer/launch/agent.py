@@ -32,9 +32,9 @@ aborting the interpreter's teardown, an exit hook) while every other node's work
 would be counted and replaced, and the replacement could never join (the world is done), while
 its peers sat in torchrun's exit barrier for 5 minutes waiting for this node. So before it
 counts a crash, a node of a multi-node world arrives at that exit barrier itself and waits up to
-FINISHED_WAIT_SECONDS for the others (a node arrives there only once its workers succeeded):
-when all arrive, the world's training is complete, the crash is reported as a warning and the
-node ends 0 like its peers; as soon as a node waits for a new round instead (a peer restarting
+FINISHED_WAIT_SECONDS for the others (a node arrives there once its workers succeeded, or
+crashed): when all arrive and not every one of them crashed, the world's training is complete,
+the crash is reported as a warning and the node ends 0 like its peers; as soon as a node waits for a new round instead (a peer restarting
 after this crash mid-training) or the wait runs out, the crash counts as before.
 
 Third change: a stop's signal reaches each worker's own process, its process group only at the
@@ -103,6 +103,8 @@ class WorkerMisconfigured(WorkerCrashed):
 # once its agent saw its workers exit 0 (PET_MONITOR_INTERVAL 0.5 s) after their interpreter's
 # teardown, seconds on a loaded node; a crash mid-training stops the wait early (peers_finished).
 FINISHED_WAIT_SECONDS = 10.0
+# Beside torch's exit-barrier keys: how many of this round's nodes arrived there crashed.
+CRASHED_KEY = "/elastrain_crashed"
 _FINISHED_WORLD = "to tell a crash after the world finished training from one that needs a restart"
 _RESTART_WAITS = "so that a worker-group restart waits --shutdown-timeout for the SIGTERM save"
 _CRASH_BUDGET = "to stop the node on a worker's own crash (the crash budget)"
@@ -256,9 +258,10 @@ def store_lost_of(failures: dict[int, Any]) -> str | None:
 
 def peers_finished(store: Any, world_size: int, nodes_waiting: Callable[[], int], *,
                    timeout: float, poll: float = 0.1) -> bool:
-    """Arrive at torchrun's exit barrier of this round and wait up to `timeout` for the other
-    nodes. True when all `world_size` arrived (each does only once its workers succeeded);
-    False when the time runs out or a node waits for a new round (a peer that restarts after
+    """A crashed node's: arrive at torchrun's exit barrier of this round and wait up to
+    `timeout` for the other nodes. True when all `world_size` arrived and not all of them
+    crashed (a node whose workers succeeded arrives from torch's own exit barrier); False when
+    every node crashed, the time runs out, or a node waits for a new round (a peer that restarts after
     this node's crash mid-training will never arrive). MissingPrivateHook if torch changed the
     barrier's keys."""
     from torch.distributed.elastic.agent.server import api as agent_api
@@ -268,13 +271,18 @@ def peers_finished(store: Any, world_size: int, nodes_waiting: Callable[[], int]
                      needed_for=_FINISHED_WORLD)
     arrive = require(store_util, "_barrier_nonblocking", library="torch",
                      needed_for=_FINISHED_WORLD)
+    # A crashed node arrives too (here), so count them: when every node crashed (a worker
+    # that cannot start, on every node), nobody finished anything (seen: a ModuleNotFoundError
+    # on all 3 nodes was reported as a world that finished, and every pod ended 0).
+    crashed = f"{prefix}{CRASHED_KEY}"
+    store.add(crashed, 1)
     last = arrive(store=store, world_size=world_size, key_prefix=prefix)
     deadline = time.monotonic() + timeout
     while not store.check([last]):
         if nodes_waiting() > 0 or time.monotonic() >= deadline:
             return False
         time.sleep(poll)
-    return True
+    return int(store.add(crashed, 0)) < world_size
 
 
 def finished_world_warning(crash: str, nodes: int) -> str:
