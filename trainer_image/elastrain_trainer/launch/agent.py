@@ -34,8 +34,9 @@ its peers sat in torchrun's exit barrier for 5 minutes waiting for this node. So
 counts a crash, a node of a multi-node world arrives at that exit barrier itself and waits up to
 FINISHED_WAIT_SECONDS for the others (a node arrives there once its workers succeeded, or
 crashed): when all arrive and not every one of them crashed, the world's training is complete,
-the crash is reported as a warning and the node ends 0 like its peers; as soon as a node waits for a new round instead (a peer restarting
-after this crash mid-training) or the wait runs out, the crash counts as before.
+the crash is reported as a warning and the node ends 0 like its peers; as soon as a node
+waits for a new round instead (a peer restarting after this crash mid-training) or the wait
+runs out, the crash counts as before.
 
 Third change: a stop's signal reaches each worker's own process, its process group only at the
 deadline. torchrun starts each worker in a session of its own and stops it with
@@ -261,9 +262,9 @@ def peers_finished(store: Any, world_size: int, nodes_waiting: Callable[[], int]
     """A crashed node's: arrive at torchrun's exit barrier of this round and wait up to
     `timeout` for the other nodes. True when all `world_size` arrived and not all of them
     crashed (a node whose workers succeeded arrives from torch's own exit barrier); False when
-    every node crashed, the time runs out, or a node waits for a new round (a peer that restarts after
-    this node's crash mid-training will never arrive). MissingPrivateHook if torch changed the
-    barrier's keys."""
+    every node crashed, the time runs out, or a node waits for a new round (a peer that
+    restarts after this node's crash mid-training will never arrive). MissingPrivateHook if
+    torch changed the barrier's keys."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.utils import store as store_util
 
