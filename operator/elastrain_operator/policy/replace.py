@@ -66,9 +66,13 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
                         now: datetime) -> None:
     """Count and replace each current worker pod that the members' reports name planned out
     for at least planned_out_grace, or that is on a lost node and no longer in their plan
-    (`reports`: the members', polled this round)."""
-    if not job.spec.in_process or not reports:
+    (`reports`: the members', polled this round). In Restart mode, each current worker pod on
+    a lost node at once: its group re-forms without it anyway (the survivors' dark-peer watch,
+    torchrun's keep-alive), and otherwise it would wait out its node-loss toleration and be
+    counted as the taint manager's preemption, although nobody gave notice."""
+    if job.spec.in_process and not reports:
         return
+    reports = reports or ()
     since: dict[str, float] = {}
     for report in reports:
         for name, seconds in report.planned_out.items():
@@ -82,12 +86,16 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
                                                                            Exit.PENDING):
             continue
         lost = observed.lost_nodes.get(pod.node)
-        if since.get(pod.name, 0.0) >= grace:
+        if job.spec.in_process and since.get(pod.name, 0.0) >= grace:
             doomed[index] = (pod, f"planned out by the in-process world "
                                   f"{since[pod.name]:.0f}s ago: no heartbeat for spec.recovery."
                                   f"heartbeatTimeoutSeconds="
                                   f"{job.spec.recovery.heartbeat_timeout_seconds} (its node went "
                                   "dark, or it hung)")
+        elif lost and not job.spec.in_process:
+            doomed[index] = (pod, f"node {pod.node} lost ({lost}): the worker group re-forms "
+                                  "without it (its processes may still run; a commit of its "
+                                  "old group is fenced)")
         elif lost and world and pod.name not in world:
             # Told lost (probe.told_lost), the world asked it to leave: it is out now.
             doomed[index] = (pod, f"node {pod.node} lost ({lost}): planned out by the "

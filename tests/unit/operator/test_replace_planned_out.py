@@ -1,6 +1,7 @@
 """Pods the in-process world planned out without notice (policy.replace): replaced once each,
 counted as a failure, the old pod deleted as a stale one (policy.stale: forced where its node is
-lost); never before the grace, never in Restart mode, never a pod that is back."""
+lost); never before the grace, in Restart mode only a pod on a lost node, never a pod that is
+back."""
 
 from __future__ import annotations
 
@@ -129,3 +130,21 @@ def test_a_pod_on_a_lost_node_is_told_lost_and_replaced_once_the_world_let_it_go
     other = running_world(recovery={"mode": "InProcess"})
     p = other.reconcile(now, progress=(member({}),), lost_nodes=lost)
     assert not p.counted_restarts
+
+
+def test_restart_mode_a_pod_on_a_lost_node_is_counted_a_failure_and_replaced_at_once() -> None:
+    """Restart mode has no plan to read: its group re-forms without a dark node by itself, so a
+    pod on a lost node is counted once as a failure (nobody gave notice), force-deleted and
+    replaced at once, not left to its node-loss toleration and the taint manager's eviction
+    (a preemption). Seen failing before: nothing was replaced (the e2e run counted (1, 0))."""
+    w = running_world(recovery={"mode": "Restart"})
+    lost = {"node-2": "Ready=Unknown (NodeStatusUnknown)"}
+    p = w.reconcile(T0 + timedelta(seconds=30), lost_nodes=lost)
+    assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+    (loss,) = w.job["status"]["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
+    assert loss["reason"].startswith("node node-2 lost (Ready=Unknown"), loss
+    assert w.job["status"]["preemptions"] == 0
+    again = w.reconcile(T0 + timedelta(seconds=31), lost_nodes=lost)
+    assert not again.counted_restarts and w.job["status"]["restarts"] == 1
