@@ -4,8 +4,22 @@ container SIGKILLed), on the one-node cluster the e2e tier uses (kubelet, contai
 operator installed by its chart, MinIO on the pod bridge).
 
     sudo .venv/bin/python bench/recovery_node.py [--events 6] [--modes restart,inprocess]
-                                                 [--kinds evict,kill] [--out ...]
+                                                 [--kinds evict,kill,freeze,partition]
+                                                 [--spares 1] [--dark-cap 420] [--out ...]
     make bench-recovery-node          # root; 7 min here with the images cached (420 s)
+
+Dark kinds (issue 34): `freeze` stops every process of one worker's trainer container (SIGSTOP,
+a hung host), `partition` drops every packet into and out of its pod's network namespace but
+its loopback (iptables in that namespace: no FIN, no RST). The pod stays dark until the job is
+whole again (InProcess: planned out by the heartbeat, replaced by the operator after its grace,
+the replacement joined; `whole_s`), or in Restart mode until the survivors resumed (their
+ring-neighbour watch, session/dark_peers.py, ends the group), at most --dark-cap seconds; then
+it is thawed or reconnected. `--spares N` gives the InProcess job N warm spares (a dark
+member's place is taken at the failure's own regroup). `notice` (InProcess with spares: on
+one node the replacement cannot be scheduled, so a notice moves a worker onto a waiting spare
+only) taints the worker's node `karpenter.sh/disrupted:NoSchedule`: the worker leaves at
+once, the spare takes its place (`pause_s`: the survivors' regroup and heal, `min_world`),
+then the taint is removed.
 
 The job is the e2e suite's (tests/e2e/support.make_job: the kind example, 3 workers, min 2,
 DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps), once
@@ -25,11 +39,13 @@ Writes bench/results/recovery_node.json; summarised in bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,9 +77,18 @@ from tests.e2e.support import (  # noqa: E402
     steps_retrained,
     wait_for,
 )
+from tests.e2e.test_dark_worker import process_tree, signal_all  # noqa: E402
+from tests.e2e.test_spares import waiting_spares  # noqa: E402
 
 REPLICAS = 3
-KINDS = ("evict", "kill")  # with notice (Eviction API -> SIGTERM), without (SIGKILL)
+# With notice (Eviction API -> SIGTERM), without (SIGKILL: the kernel closes the sockets), and
+# dark: every process of the trainer container stopped (SIGSTOP: a hung host), or every packet
+# into and out of the pod's network namespace dropped (a partition: no FIN, no RST). A dark pod
+# stays dark until the job is whole again or the cap passes, then is thawed or reconnected.
+KINDS = ("evict", "kill", "freeze", "partition", "notice")
+DARK = ("freeze", "partition")
+NOTICE_TAINT = "karpenter.sh/disrupted"
+DEFAULT_KINDS = ("evict", "kill")
 Record = dict[str, Any]
 
 
@@ -87,35 +112,102 @@ def inprocess_phases(records: Sequence[Record], at: float) -> dict[str, float | 
             "first_step": since(step)}
 
 
-def lose(t: Training, pod: str, kind: str) -> float:
-    """Loses `pod` the way `kind` says; returns when."""
+def _partition_rules(verb: str) -> list[list[str]]:
+    """iptables commands (run in the pod's network namespace) that drop every packet but the
+    pod's own loopback (its launcher and worker talk over it, as on a partitioned host)."""
+    return [["iptables", verb, "INPUT", "!", "-i", "lo", "-j", "DROP"],
+            ["iptables", verb, "OUTPUT", "!", "-o", "lo", "-j", "DROP"]]
+
+
+def _in_netns(pid: int, argv: list[str]) -> None:
+    subprocess.run(["nsenter", "-t", str(pid), "-n", *argv], check=True, capture_output=True)
+
+
+def lose(t: Training, pod: str, kind: str) -> tuple[float, Any]:
+    """Loses `pod` the way `kind` says; returns when, and how to lift a dark kind."""
     if kind == "evict":
-        return t.evict(pod)
+        return t.evict(pod), None
     pid = container_pid(t.k, t.ns, pod)
+    if kind == "freeze":
+        frozen = process_tree(pid)
+        at = time.time()
+        signal_all(frozen, signal.SIGSTOP)
+        return at, lambda: signal_all(frozen, signal.SIGCONT)
+    if kind == "partition":
+        at = time.time()
+        for argv in _partition_rules("-I"):
+            _in_netns(pid, argv)
+
+        def lift() -> None:
+            for argv in _partition_rules("-D"):
+                with contextlib.suppress(subprocess.CalledProcessError):
+                    _in_netns(pid, argv)
+        return at, lift
     at = time.time()
     os.kill(pid, signal.SIGKILL)  # the whole container: no notice
-    return at
+    return at, None
 
 
-def measure(t: Training, events: int, kinds: Sequence[str]) -> list[Record]:
+def notice(t: Training, pod: str) -> tuple[float, Any]:
+    """Karpenter's taint on the pod's node (the one node: the replacement stays Pending, so a
+    waiting spare is what takes the doomed worker's place); returns when, and the untaint."""
+    node = t.k.json("get", "pod", pod, "-n", t.ns)["spec"]["nodeName"]
+    at = time.time()
+    t.k("taint", "node", node, f"{NOTICE_TAINT}=:NoSchedule", "--overwrite")
+    return at, lambda: t.k("taint", "node", node, f"{NOTICE_TAINT}:NoSchedule-", check=False)
+
+
+def whole_again(t: Training, since: float, timeout: float) -> float | None:
+    """Seconds from `since` to a step at full size in a generation (or resume) after the
+    loss's own recovery, or None within `timeout`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        marks = sorted(float(r["time"]) for kind in ("regroup", "resumed")
+                       for r in t.logs.events(kind) if float(r["time"]) > since
+                       and r.get("world_size") == REPLICAS)
+        if marks and (step := next((r for r in t.logs.events("step")
+                                    if float(r["time"]) >= marks[0]
+                                    and r.get("world_size") == REPLICAS), None)):
+            return round(float(step["time"]) - since, 3)
+        time.sleep(0.5)
+    return None
+
+
+def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
+            dark_cap: float = 420) -> list[Record]:
     rows: list[Record] = []
     for i in range(events * len(kinds)):
         t.settle(REPLICAS)
+        if spares:
+            wait_for("the spares waiting", lambda: t.status().get("readySpares") == spares
+                     and len(waiting_spares(t.logs)) == spares, timeout=300)
         before = t.counters()
         kind, index = kinds[i % len(kinds)], i % REPLICAS
-        pod = t.worker(index)
+        waiting = waiting_spares(t.logs)
+        pod = next(t.worker(j % len(t.workers())) for j in range(index, index + 8)
+                   if t.worker(j % len(t.workers())) not in waiting)  # a member, not a spare
         processes = t.processes()
-        at = lose(t, pod, kind)
-        first = t.recovered_after(at)
-        counter = 0 if kind == "evict" else 1  # a preemption, or a failure by policy
-        wait_for("the loss counted",
-                 lambda: t.counters()[counter] > before[counter],  # noqa: B023 (called here)
-                 timeout=120)
+        at, lift = notice(t, pod) if kind == "notice" else lose(t, pod, kind)
+        whole = None
+        try:
+            # The cap bounds a detector that fails (gloo's collective timeout is 5 min).
+            first = t.recovered_after(at, timeout=dark_cap if kind in DARK else 240)
+            if kind in DARK and t.mode != RESTART:
+                whole = whole_again(t, at, timeout=dark_cap)
+        finally:
+            if lift is not None:
+                lift()
+        if kind != "notice" and (kind not in DARK or t.mode != RESTART):
+            counter = 0 if kind == "evict" else 1  # a preemption, or a failure by policy
+            wait_for("the loss counted",
+                     lambda: t.counters()[counter] > before[counter],  # noqa: B023
+                     timeout=120)
         after = t.processes()
         survivors = {n: inc for n, inc in processes.items() if n != pod}
         records = list(t.logs.records)
         row = {"mode": t.mode, "kind": kind, "event": i + 1, "worker_index": index, "pod": pod,
                "recovery_s": round(float(first["time"]) - at, 3),
+               **({"whole_s": whole} if kind in DARK else {}),
                "world_size": first["world_size"],
                "steps_lost": (steps_lost_at(t.logs, at) if t.mode == RESTART
                               else steps_retrained(t.logs, at)),
@@ -124,6 +216,16 @@ def measure(t: Training, events: int, kinds: Sequence[str]) -> list[Record]:
                "survivors_kept_processes": all(after.get(n) == inc
                                                for n, inc in survivors.items()),
                "counted": [a - b for a, b in zip(t.counters(), before, strict=True)]}
+        if kind == "notice":
+            # The survivors' pause: the move's regroup as its coordinator timed it; and the
+            # smallest world any step was trained at since the notice.
+            leave = next((r for r in t.logs.events("regroup") if float(r["time"]) > at
+                          and r.get("reason") == "leave" and r.get("healed_from") is None),
+                         None)
+            row["pause_s"] = (round(float(leave["regroup_s"]) + float(leave["heal_s"]), 3)
+                              if leave is not None else None)
+            row["min_world"] = min(int(r["world_size"]) for r in t.logs.events("step")
+                                   if float(r["time"]) > at)
         print(json.dumps(row), flush=True)
         rows.append(row)
     t.settle(REPLICAS)
@@ -131,8 +233,10 @@ def measure(t: Training, events: int, kinds: Sequence[str]) -> list[Record]:
 
 
 def run_mode(node: NodeCluster, mode: str, events: int, kinds: Sequence[str],
-             logs_dir: Path) -> tuple[list[Record], list[Record]]:
-    """One job in `mode` on its own namespace, measured, then deleted; (rows, join regroups)."""
+             logs_dir: Path, *, spares: int = 0,
+             dark_cap: float = 420) -> tuple[list[Record], list[Record]]:
+    """One job in `mode` on its own namespace, measured, then deleted; (rows, join regroups).
+    `spares`: warm spares for an InProcess job (Restart mode has none)."""
     job = f"recovery-{mode.lower()}"
     ns = f"bench-recovery-{uuid.uuid4().hex[:4]}"
     create_job_namespace(node, ns)
@@ -141,9 +245,16 @@ def run_mode(node: NodeCluster, mode: str, events: int, kinds: Sequence[str],
                                 s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
                                 restartPolicy={"maxRestarts": 10_000, "backoffSeconds": 1,
                                                "maxBackoffSeconds": 2},
-                                **recovery_spec(mode)))
+                                **recovery_spec(mode),
+                                **({"spares": spares} if spares and mode != RESTART else {})))
     with LogCollector(node.kubectl, ns, Training.worker_selector(job), logs_dir / job) as logs:
-        rows = measure(Training(node.kubectl, ns, job, logs, mode), events, kinds)
+        # A notice moves a worker on one node only onto a waiting spare (its replacement
+        # cannot be scheduled): an InProcess job with spares only.
+        kinds = [k for k in kinds if k != "notice" or (mode != RESTART and spares)]
+        rows = measure(Training(node.kubectl, ns, job, logs, mode), events, kinds,
+                       spares=spares if mode != RESTART else 0, dark_cap=dark_cap)
+        for row in rows:
+            row["spares"] = spares if mode != RESTART else 0
         joins = [r for r in logs.events("regroup") if r.get("reason") == "join"]
     node.kubectl("delete", "namespace", ns, "--wait=true", timeout=300)
     return rows, joins
@@ -170,6 +281,13 @@ def summarize(rows: Sequence[Record], joins: Sequence[Record]) -> dict[str, Any]
                 "events": len(sel), "recovery_p50_s": _p50(rec),
                 "recovery_max_s": round(max(rec), 2), "phases_p50_s": phases,
                 "steps_lost_max": max(int(r["steps_lost"]) for r in sel),
+                **({"whole_p50_s": _p50([float(r["whole_s"]) for r in sel
+                                         if r.get("whole_s") is not None])}
+                   if kind in DARK else {}),
+                **({"pause_p50_s": _p50([float(r["pause_s"]) for r in sel
+                                         if r.get("pause_s") is not None]),
+                    "min_world": min(int(r["min_world"]) for r in sel)}
+                   if kind == "notice" else {}),
                 "survivors_kept_processes": sum(bool(r["survivors_kept_processes"])
                                                 for r in sel),
                 "preemptions_counted": sum(r["counted"][0] for r in sel),
@@ -192,8 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=6, help="losses per mode and kind")
     parser.add_argument("--modes", default=",".join(RECOVERY_MODES),
                         help="restart,inprocess (in that order by default)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="evict,kill")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                        help="of evict,kill,freeze,partition,notice (default evict,kill)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/recovery_node.json")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="warm spares of the InProcess job (time back to full size)")
+    parser.add_argument("--dark-cap", type=float, default=420,
+                        help="seconds a dark pod may take to be recovered from")
     args = parser.parse_args(argv)
     modes = [RECOVERY_MODES[m] for m in args.modes.split(",")]
     kinds = [k for k in args.kinds.split(",") if k in KINDS]
@@ -205,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     with running_node(workdir / "node", images) as node:
         install_operator(node)
         for mode in modes:
-            mode_rows, mode_joins = run_mode(node, mode, args.events, kinds, workdir / "logs")
+            mode_rows, mode_joins = run_mode(node, mode, args.events, kinds, workdir / "logs",
+                                             spares=args.spares, dark_cap=args.dark_cap)
             rows += mode_rows
             joins += mode_joins
     result = {"bench": "recovery_node", "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
