@@ -31,6 +31,16 @@ def running_world(**spec: Any) -> World:
     return w
 
 
+def replaced_as_lost_on_node_2(w: World, p: Any) -> None:
+    """Worker 2 on lost node-2: counted once as a failure, force-deleted, replaced."""
+    assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",)
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+    (loss,) = w.job["status"]["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
+    assert loss["reason"].startswith("node node-2 lost (Ready=Unknown"), loss
+    assert w.job["status"]["preemptions"] == 0
+
+
 def test_a_pod_planned_out_past_the_grace_is_counted_once_and_replaced_at_once() -> None:
     w = running_world(recovery={"mode": "InProcess"})
     grace = planned_out_grace(w.parsed())
@@ -120,12 +130,7 @@ def test_a_pod_on_a_lost_node_is_told_lost_and_replaced_once_the_world_let_it_go
     observed = w.observe(lost_nodes=lost)
     assert told_lost(observed.workers, observed.lost_nodes) == ("demo-worker-2-0",)
     p = w.reconcile(now, progress=(in_world(*old[:2]),), lost_nodes=lost)
-    assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",)
-    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
-    (loss,) = w.job["status"]["recentLosses"]
-    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
-    assert loss["reason"].startswith("node node-2 lost (Ready=Unknown"), loss
-    assert w.job["status"]["preemptions"] == 0
+    replaced_as_lost_on_node_2(w, p)
     # A lost node whose pods' trainers name no plan (older images): nothing is replaced.
     other = running_world(recovery={"mode": "InProcess"})
     p = other.reconcile(now, progress=(member({}),), lost_nodes=lost)
@@ -140,11 +145,6 @@ def test_restart_mode_a_pod_on_a_lost_node_is_counted_a_failure_and_replaced_at_
     w = running_world(recovery={"mode": "Restart"})
     lost = {"node-2": "Ready=Unknown (NodeStatusUnknown)"}
     p = w.reconcile(T0 + timedelta(seconds=30), lost_nodes=lost)
-    assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",)
-    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
-    (loss,) = w.job["status"]["recentLosses"]
-    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
-    assert loss["reason"].startswith("node node-2 lost (Ready=Unknown"), loss
-    assert w.job["status"]["preemptions"] == 0
+    replaced_as_lost_on_node_2(w, p)
     again = w.reconcile(T0 + timedelta(seconds=31), lost_nodes=lost)
     assert not again.counted_restarts and w.job["status"]["restarts"] == 1

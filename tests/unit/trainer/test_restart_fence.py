@@ -5,6 +5,7 @@ claimed, and goes ahead while the store cannot answer (the bucket's rule still a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -21,12 +22,14 @@ def a_store() -> tuple[TCPStore, int]:
     return server, server.port
 
 
+def client(port: int) -> Callable[[], MembershipStore]:
+    return lambda: MembershipStore.connect("127.0.0.1", port, STORE_RUN,
+                                           connect_within=timedelta(seconds=2))
+
+
 def test_a_group_commits_while_newest_and_is_refused_once_a_group_formed_without_it() -> None:
     server, port = a_store()
-
-    def connect() -> MembershipStore:
-        return MembershipStore.connect("127.0.0.1", port, STORE_RUN,
-                                       connect_within=timedelta(seconds=2))
+    connect = client(port)
 
     epoch, first = claim_generation(connect(), "pod-a")
     assert first == 1
@@ -44,10 +47,7 @@ def test_a_group_commits_while_newest_and_is_refused_once_a_group_formed_without
 
 def test_a_store_replaced_and_claimed_by_another_group_refuses_the_old_groups_commit() -> None:
     server, port = a_store()
-
-    def connect() -> MembershipStore:
-        return MembershipStore.connect("127.0.0.1", port, STORE_RUN,
-                                       connect_within=timedelta(seconds=2))
+    connect = client(port)
 
     old_epoch, _ = claim_generation(connect(), "pod-a")
     fence = RestartFence(connect, old_epoch, 5)  # a group that formed long ago
