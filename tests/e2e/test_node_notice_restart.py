@@ -131,6 +131,9 @@ def test_2_a_partitioned_worker_restarts_the_group_by_the_heartbeat_and_stays_fe
     assert t.node_of(dark) == t.second.name
     uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
     before = t.counters()
+    # Commits before the partition to compare with (run alone, this job has made none yet).
+    wait_for("a commit before the partition",
+             lambda: t.logs.events("checkpoint_saved"), timeout=120)
     made_before, _ = settled_commits(t.node, t.ns, t.job)[:2]
     gen_before = max((c["gen"] for c in made_before if not c["fenced"]), default=0)
     t.hold(t.second.name)  # its replacement goes to node 1
