@@ -70,9 +70,10 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
     a lost node at once: its group re-forms without it anyway (the survivors' dark-peer watch,
     torchrun's keep-alive), and otherwise it would wait out its node-loss toleration and be
     counted as the taint manager's preemption, although nobody gave notice."""
-    if job.spec.in_process and not reports:
+    if not job.spec.in_process:
+        reports = ()  # its members report no plan: only lost nodes count
+    elif not reports:
         return
-    reports = reports or ()
     since: dict[str, float] = {}
     for report in reports:
         for name, seconds in report.planned_out.items():
@@ -86,7 +87,7 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
                                                                            Exit.PENDING):
             continue
         lost = observed.lost_nodes.get(pod.node)
-        if job.spec.in_process and since.get(pod.name, 0.0) >= grace:
+        if since.get(pod.name, 0.0) >= grace:
             doomed[index] = (pod, f"planned out by the in-process world "
                                   f"{since[pod.name]:.0f}s ago: no heartbeat for spec.recovery."
                                   f"heartbeatTimeoutSeconds="
