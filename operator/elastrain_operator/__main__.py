@@ -69,8 +69,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
     if notice_taints is not None:
         handlers.watch_nodes()
     kueue = _kueue_on(os.environ) and _kueue_served()
+    kueue_yield = kueue and _kueue_yield_on(os.environ)
     if kueue:
-        handlers.watch_kueue()
+        handlers.watch_kueue(yielding=kueue_yield)
 
     clusterwide = args.all_namespaces or not args.namespace
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         clusterwide=clusterwide, namespaces=list(args.namespace),
         metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime,
         network=network, notice_taints=notice_taints, notices_off=notices_off,
-        kueue_served=kueue)
+        kueue_served=kueue, kueue_yield=kueue_yield)
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)
@@ -100,6 +101,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
 def _kueue_on(env: os._Environ[str] | dict[str, str]) -> bool:
     """The chart's kueue.enabled (ELASTRAIN_KUEUE, default true): false ignores Kueue."""
     return env.get("ELASTRAIN_KUEUE", "true").strip().lower() != "false"
+
+
+def _kueue_yield_on(env: os._Environ[str] | dict[str, str]) -> bool:
+    """The chart's kueue.yieldQuota (ELASTRAIN_KUEUE_YIELD, default true): false keeps every
+    admitted worker however urgent a Workload waits (policy.kueue_yield)."""
+    return env.get("ELASTRAIN_KUEUE_YIELD", "true").strip().lower() != "false"
 
 
 def _kueue_served() -> bool:

@@ -138,6 +138,8 @@ async def on_workload_event(*, type: str | None, body: kopf.Body, memo: Any,
     if key is not None:
         state.cache.stale(key)
         state.queue.add(key, urgent=True)
+    for other in state.kueue.jobs_waited_on(obj):  # they may yield to it (policy.kueue_yield)
+        state.queue.add(other, urgent=False)
 
 
 async def on_local_queue_event(*, type: str | None, body: kopf.Body, memo: Any,
@@ -148,6 +150,15 @@ async def on_local_queue_event(*, type: str | None, body: kopf.Body, memo: Any,
     state.kueue.put_local_queue(dict(body), deleted=type == "DELETED")
 
 
+async def on_cluster_queue_event(*, type: str | None, body: kopf.Body, memo: Any,
+                                 **_: Any) -> None:
+    """A ClusterQueue's preemption policy: whether Kueue preempts for a waiting Workload or a
+    job may yield to it (policy.kueue_yield)."""
+    state = _state(memo)
+    assert state.kueue
+    state.kueue.put_cluster_queue(dict(body), deleted=type == "DELETED")
+
+
 async def on_resource_flavor_event(*, type: str | None, body: kopf.Body, memo: Any,
                                    **_: Any) -> None:
     state = _state(memo)
@@ -155,12 +166,15 @@ async def on_resource_flavor_event(*, type: str | None, body: kopf.Body, memo: A
     state.kueue.put_flavor(dict(body), deleted=type == "DELETED")
 
 
-def watch_kueue() -> None:
-    """Registered only where the apiserver serves Kueue's v1beta2 API (k8s.kueue)."""
+def watch_kueue(*, yielding: bool = False) -> None:
+    """Registered only where the apiserver serves Kueue's v1beta2 API (k8s.kueue); the
+    ClusterQueues only where jobs may yield quota (policy.kueue_yield)."""
     group, version = "kueue.x-k8s.io", "v1beta2"
     kopf.on.event(group, version, "workloads")(on_workload_event)
     kopf.on.event(group, version, "localqueues")(on_local_queue_event)
     kopf.on.event(group, version, "resourceflavors")(on_resource_flavor_event)
+    if yielding:
+        kopf.on.event(group, version, "clusterqueues")(on_cluster_queue_event)
 
 
 # What pyproject.toml pins kopf to: the versions the tests ran.

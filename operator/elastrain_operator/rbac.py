@@ -20,8 +20,8 @@ Each rule says where it is granted and when it is needed at all:
 - `kueue`: only when the operator takes part in Kueue's admission (policy.kueue, the chart's
   `kueue.enabled`): each queued job's Workload (created, its status written on eviction and
   readiness, its finalizer removed), the LocalQueues (which namespaces have a `default`), and
-  cluster-wide the ResourceFlavors an admission names and the priority classes a Workload is
-  ordered by (read only).
+  cluster-wide the ResourceFlavors an admission names, the priority classes a Workload is
+  ordered by and the ClusterQueues' preemption policies (read only).
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(("kueue.x-k8s.io",), ("resourceflavors",), ("get", "list", "watch"),
          cluster_scoped=True, kueue=True),
     Rule(("kueue.x-k8s.io",), ("workloadpriorityclasses",), ("get",), cluster_scoped=True,
+         kueue=True),
+    # Shrink to yield (policy.kueue_yield): each ClusterQueue's preemption policy.
+    Rule(("kueue.x-k8s.io",), ("clusterqueues",), ("list", "watch"), cluster_scoped=True,
          kueue=True),
     Rule(("scheduling.k8s.io",), ("priorityclasses",), ("get",), cluster_scoped=True,
          kueue=True),

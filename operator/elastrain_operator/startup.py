@@ -61,6 +61,7 @@ class RuntimeOptions:
     notice_taints: tuple[str, ...] | None = None  # k8s.nodes; None: notices off
     notices_off: str = ""  # why they are off though asked for (no right to read nodes)
     kueue_served: bool = False  # the apiserver serves Kueue's v1beta2 API (k8s.kueue)
+    kueue_yield: bool = False  # shrink to yield (policy.kueue_yield)
 
 
 @dataclass
@@ -158,7 +159,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if options.notice_taints is not None:
         state.notices = NodeNotices(options.notice_taints)
     state.notices_off = options.notices_off
-    state.kueue = KueueState(served=options.kueue_served)
+    state.kueue = KueueState(served=options.kueue_served, yielding=options.kueue_yield)
     if options.network.enabled and options.network.peers.operator is None:
         log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
                     "leaves the workers' metrics/progress port open to every pod")

@@ -80,6 +80,10 @@ namespace is watched); cluster-scoped rules always need a ClusterRole.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["resourceflavors"]
   verbs: ["get", "list", "watch"]
+# Shrink to yield (kueue.yieldQuota): whether Kueue preempts within a ClusterQueue.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["clusterqueues"]
+  verbs: ["list", "watch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloadpriorityclasses"]
   verbs: ["get"]

@@ -1,6 +1,7 @@
-"""Kueue as the operator's watches keep it: the jobs' Workloads, the namespaces with a
-LocalQueue named `default`, and the ResourceFlavors; and the few requests Kueue needs
-(policy.kueue says what they mean).
+"""Kueue as the operator's watches keep it: the jobs' Workloads, the LocalQueues (the
+namespaces with one named `default`, and which ClusterQueue each feeds), the ResourceFlavors,
+the ClusterQueues, and the other Workloads that wait for quota (what a job may yield to,
+policy.kueue_yield); and the few requests Kueue needs (policy.kueue says what they mean).
 
 Kueue is read only where the apiserver serves kueue.x-k8s.io/v1beta2 (the storage version from
 Kueue 0.16): probed once at startup (kueue_served). Without it a job that names a queue waits,
@@ -9,21 +10,26 @@ told why, rather than running outside the quota its platform expects it to ask f
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from elastrain_operator.k8s.cache import Key
 from elastrain_operator.k8s.client import Kube, KubeError, Manifest, namespaced
+from elastrain_operator.k8s.kueue_quota import pod_requests, waiting_of
 from elastrain_operator.model.spec import API_VERSION as JOB_VERSION
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.kueue import DEFAULT_QUEUE, KueueView, queue_of
+from elastrain_operator.policy.kueue_yield import Waiting
 from elastrain_operator.render.workload import (
     KUEUE_API,
     PRIORITY_LABEL,
     QUEUE_LABEL,
     RESOURCE_IN_USE,
+    WORKERS,
     Priority,
+    render_pod_sets,
 )
 
 GROUP, VERSION = KUEUE_API.split("/")
@@ -47,6 +53,12 @@ def _owner(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _admitted_in(workload: Manifest | None) -> str | None:
+    """The ClusterQueue that admitted a Workload, if one did."""
+    admission = ((workload or {}).get("status") or {}).get("admission") or {}
+    return str(admission["clusterQueue"]) if admission.get("clusterQueue") else None
+
+
 def _job_key(obj: Manifest) -> Key | None:
     """(namespace, job name) of the TrainingJob that controls a Workload, if one does."""
     owner = _owner(obj)
@@ -56,12 +68,17 @@ def _job_key(obj: Manifest) -> Key | None:
 class KueueState:
     """Thread-safe: the watches write, reconcile rounds read."""
 
-    def __init__(self, served: bool = True) -> None:
+    def __init__(self, served: bool = True, yielding: bool = False) -> None:
         self.served = served
+        self.yielding = yielding  # the chart's kueue.yieldQuota (policy.kueue_yield)
         self._lock = threading.Lock()
         self._workloads: dict[Key, dict[str, Manifest]] = {}  # job key -> name -> Workload
         self._default_queues: set[str] = set()  # namespaces with a LocalQueue `default`
         self._flavors: dict[str, Manifest] = {}
+        self._local_queues: dict[Key, str] = {}  # (namespace, LocalQueue) -> ClusterQueue
+        self._cluster_queues: dict[str, Manifest] = {}
+        # Other Workloads Kueue could not fit: (namespace, name) -> (its LocalQueue, Waiting).
+        self._waiting: dict[Key, tuple[Key, Waiting]] = {}
 
     # ---------------------------------------------------------------------- the watch side
 
@@ -71,10 +88,35 @@ class KueueState:
         if key is not None:
             with self._lock:
                 self._workloads.setdefault(key, {})[str(obj["metadata"].get("name"))] = obj
+        self._put_waiting(obj, deleted=False)
         return key
+
+    def _put_waiting(self, obj: Manifest, *, deleted: bool) -> None:
+        meta = obj.get("metadata") or {}
+        name = (str(meta.get("namespace")), str(meta.get("name")))
+        waiting = None if deleted else waiting_of(obj)
+        with self._lock:
+            if waiting is None:
+                self._waiting.pop(name, None)
+            else:
+                queue = (name[0], str((obj.get("spec") or {}).get("queueName") or ""))
+                self._waiting[name] = (queue, waiting)
+
+    def jobs_waited_on(self, obj: Manifest) -> list[Key]:
+        """The jobs admitted in the ClusterQueue a waiting Workload waits in: they may yield
+        to it (policy.kueue_yield)."""
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            entry = self._waiting.get((str(meta.get("namespace")), str(meta.get("name"))))
+            if entry is None or not self.yielding:
+                return []
+            cluster_queue = self._local_queues.get(entry[0])
+            return [key for key, known in self._workloads.items()
+                    if any(_admitted_in(wl) == cluster_queue for wl in known.values())]
 
     def remove_workload(self, obj: Manifest) -> Key | None:
         key = _job_key(obj)
+        self._put_waiting(obj, deleted=True)
         if key is not None:
             with self._lock:
                 known = self._workloads.get(key, {})
@@ -85,6 +127,12 @@ class KueueState:
 
     def put_local_queue(self, obj: Manifest, *, deleted: bool = False) -> None:
         meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        with self._lock:
+            if deleted:
+                self._local_queues.pop(key, None)
+            else:
+                self._local_queues[key] = str((obj.get("spec") or {}).get("clusterQueue") or "")
         if meta.get("name") != DEFAULT_QUEUE:
             return
         with self._lock:
@@ -92,6 +140,14 @@ class KueueState:
                 self._default_queues.discard(str(meta.get("namespace")))
             else:
                 self._default_queues.add(str(meta.get("namespace")))
+
+    def put_cluster_queue(self, obj: Manifest, *, deleted: bool = False) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        with self._lock:
+            if deleted:
+                self._cluster_queues.pop(name, None)
+            else:
+                self._cluster_queues[name] = obj
 
     def put_flavor(self, obj: Manifest, *, deleted: bool = False) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -130,8 +186,23 @@ class KueueState:
             return KueueView(queue=queue, served=False)
         workload = self.workload_of(job)
         priority = read_priority(kube, job) if workload is None and kube is not None else None
-        return KueueView(queue=queue, workload=workload, flavors=self._flavors_of(kube, workload),
-                         priority=priority)
+        view = KueueView(queue=queue, workload=workload,
+                         flavors=self._flavors_of(kube, workload), priority=priority)
+        cluster_queue = _admitted_in(workload) if self.yielding else None
+        if not cluster_queue:
+            return view
+        with self._lock:
+            waiting = tuple(w for queue_key, w in self._waiting.values()
+                            if self._local_queues.get(queue_key) == cluster_queue)
+            policy = ((self._cluster_queues.get(cluster_queue) or {}).get("spec") or {}).get(
+                "preemption") or {}
+        if not waiting:
+            return view
+        workers = next(p for p in render_pod_sets(job) if p["name"] == WORKERS)
+        return dataclasses.replace(
+            view, yielding=True, waiting=waiting,
+            within_cluster_queue=policy.get("withinClusterQueue"),
+            per_worker=pod_requests(workers["template"]))
 
     def _flavors_of(self, kube: Kube | None,
                     workload: Manifest | None) -> dict[str, Manifest]:

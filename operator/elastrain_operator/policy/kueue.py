@@ -19,19 +19,25 @@ jobframework reconciler plays for a batch Job:
   again, and it queues anew. A Workload an administrator deactivated stays so.
 - PodsReady is kept true while the admitted workers are ready (Kueue's waitForPodsReady would
   evict it otherwise), Finished is set when the job ends, then the finalizer is removed.
+- Admitted above minReplicas, it gives workers' quota back to a more urgent Workload that waits
+  in its ClusterQueue where Kueue would not preempt for it (policy.kueue_yield): the workers
+  leave, and once their pods are gone the Workload's status.reclaimablePods says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import Phase, QueueState, QueueStatus, TrainingJobStatus
 from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.kueue_yield import Waiting, Yield, decide_yield
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.render.meta import Manifest
 from elastrain_operator.render.workload import (
@@ -72,6 +78,13 @@ class KueueView:
     flavors: Mapping[str, Manifest] = field(default_factory=dict)  # ResourceFlavors, by name
     priority: Priority | None = None  # resolved for a Workload still to be created
     served: bool = True  # the apiserver serves kueue.x-k8s.io/v1beta2 Workloads
+    # Shrink to yield (policy.kueue_yield): on (the chart's kueue.yieldQuota), the Workloads
+    # waiting in the job's ClusterQueue, its withinClusterQueue preemption policy, and what one
+    # worker pod asks for.
+    yielding: bool = False
+    waiting: tuple[Waiting, ...] = ()
+    within_cluster_queue: str | None = None
+    per_worker: Mapping[str, Decimal] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,8 @@ class Gate:
     runs: bool  # its pods may exist
     reason: str
     message: str
-    workers: int | None = None  # admitted workers (runs only)
+    workers: int | None = None  # workers the job runs: admitted less yielded (runs only)
+    yielded: int = 0  # workers given back during this admission (policy.kueue_yield)
     cluster_queue: str = ""
     placement: Mapping[str, Placement] = field(default_factory=dict)  # pod set -> placement
 
@@ -170,13 +184,19 @@ def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
                     here = here.merged(update_placement(update))
         placement[pod_set] = here
     count = (assignments.get(WORKERS) or {}).get("count")
-    workers = int(count) if count is not None else job.spec.desired_workers
+    admitted = int(count) if count is not None else job.spec.desired_workers
+    # Given back during this admission (status.queue, reset whenever the job is not admitted).
+    was = job.status.queue
+    yielded = was.yielded_workers if was is not None and was.state == "Admitted" else 0
+    yielded = min(yielded, max(admitted - 1, 0))
     queue = str(admission.get("clusterQueue") or "")
-    message = f"admitted by ClusterQueue {queue} for {workers} workers"
+    message = f"admitted by ClusterQueue {queue} for {admitted} workers"
+    if yielded:
+        message += f", {yielded} of them given back to a more urgent Workload"
     if unknown:
         message += f" (ResourceFlavors not found, their node labels not applied: {unknown})"
-    return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message, workers=workers,
-                cluster_queue=queue, placement=placement)
+    return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message, workers=admitted - yielded,
+                yielded=yielded, cluster_queue=queue, placement=placement)
 
 
 def pod_set_of(manifest: Manifest, job: TrainingJob) -> str:
@@ -196,9 +216,36 @@ def gated_pods(workers: Sequence[WorkerPod]) -> list[str]:
 
 
 def queue_status(job: TrainingJob, view: KueueView, gate: Gate) -> QueueStatus:
+    was = job.status.queue
     return QueueStatus(name=view.queue, workload=workload_name(job), state=gate.state,
                        cluster_queue=gate.cluster_queue, admitted_workers=gate.workers,
+                       yielded_workers=gate.yielded,
+                       yielded_at=was.yielded_at if was is not None and gate.yielded else None,
                        message=gate.message[:2048])
+
+
+def worker_flavors(workload: Manifest | None) -> dict[str, str]:
+    """resource -> the flavor the admission put the job's workers on."""
+    admission = ((workload or {}).get("status") or {}).get("admission") or {}
+    for assignment in admission.get("podSetAssignments") or []:
+        if assignment.get("name") == WORKERS:
+            return {str(k): str(v) for k, v in (assignment.get("flavors") or {}).items()}
+    return {}
+
+
+def yield_now(job: TrainingJob, view: KueueView, gate: Gate, phase: Phase,
+              now: datetime) -> Yield | None:
+    """Workers to give back this round (policy.kueue_yield), for a job that trains admitted."""
+    if not view.yielding or gate.state != "Admitted" or gate.workers is None \
+            or phase != "Running" or view.workload is None:
+        return None
+    was = job.status.queue
+    return decide_yield(
+        priority=int((view.workload.get("spec") or {}).get("priority") or 0),
+        running=gate.workers, minimum=job.spec.min_replicas, per_worker=view.per_worker,
+        flavors=worker_flavors(view.workload), waiting=view.waiting,
+        within_cluster_queue=view.within_cluster_queue,
+        last=was.yielded_at if was is not None else None, now=now)
 
 
 def admitted_condition(status: TrainingJobStatus, gate: Gate | None, gated: Sequence[str], *,
@@ -258,9 +305,25 @@ def _with(conds: list[Manifest], new: Manifest) -> list[Manifest]:
     return out if found else [*out, new]
 
 
+def _reclaimable(wl: Manifest, gate: Gate, leaving: int) -> list[Manifest] | None:
+    """The Workload's reclaimablePods once the workers given back are gone (`leaving`: worker
+    pods beyond gate.workers still there), if that is news to it. Only ever grows: Kueue
+    refuses a smaller count while the quota is reserved."""
+    if not gate.yielded or leaving:
+        return None
+    listed = list((wl.get("status") or {}).get("reclaimablePods") or [])
+    have = next((int(r.get("count") or 0) for r in listed if r.get("name") == WORKERS), 0)
+    if have >= gate.yielded:
+        return None
+    return [*(r for r in listed if r.get("name") != WORKERS),
+            {"name": WORKERS, "count": gate.yielded}]
+
+
 def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: bool,
-                   ready_workers: int, phase: Phase, now: datetime) -> WorkloadWrite:
-    """What this round writes to the Workload, if anything."""
+                   ready_workers: int, phase: Phase, now: datetime,
+                   leaving: int = 0) -> WorkloadWrite:
+    """What this round writes to the Workload, if anything. `leaving`: worker pods beyond
+    those the job now runs (and its spares), still there."""
     wl = view.workload
     if wl is None:
         label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
@@ -284,6 +347,7 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
                     _condition("Requeued", requeue, reason, message, now=now, generation=gen)):
             listed = _with(listed, new)
         status["admission"] = None
+        status["reclaimablePods"] = None  # the next admission counts every pod set anew
         event = EventSpec("Normal", c.QUOTA_RELEASED,
                           f"no pod of the job is left: Workload {meta.get('name')}'s quota "
                           f"released ({eviction(conds)}); "
@@ -298,6 +362,8 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
                 "PodsReady", ready, "PodsReady" if ready else "WaitForStart",
                 f"{ready_workers} of {gate.workers} admitted workers ready", now=now,
                 generation=gen))
+        if reclaimable := _reclaimable(wl, gate, leaving):
+            status["reclaimablePods"] = reclaimable
     if listed != list(conds.values()):
         status["conditions"] = listed
     unfinalize = ours and (bool(meta.get("deletionTimestamp")) or _true(conds, "Finished"))
@@ -370,12 +436,24 @@ def kueue_status(status: TrainingJobStatus, job: TrainingJob, view: KueueView, g
                  ) -> tuple[TrainingJobStatus, Manifest | None, WorkloadWrite]:
     """status.queue and the Admitted condition; the Workload to create, or what to write to
     it. `store`: the job's store pod exists."""
+    queue = queue_status(job, view, gate)
+    yielding = yield_now(job, view, gate, status.phase, now)
+    if yielding is not None:
+        queue = queue.model_copy(update={"yielded_workers": gate.yielded + yielding.workers,
+                                         "yielded_at": now})
     status = admitted_condition(
-        status.model_copy(update={"queue": queue_status(job, view, gate)}), gate,
+        status.model_copy(update={"queue": queue}), gate,
         gated_pods(workers), now=now, generation=job.metadata.generation)
     creating = gate.state == "Creating" and view.served and not blocked \
         and status.phase not in ("Succeeded", "Failed")
     create = render_workload(job, view.queue, view.priority) if creating else None
+    # The worker pods (spares too) beyond what the job now runs: the ones given back, until
+    # their pods are gone.
+    leaving = max(0, len(workers) - (gate.workers or 0) - job.spec.spares)
     write = workload_write(job, view, gate, pods_left=bool(workers) or store,
-                           ready_workers=ready_workers, phase=status.phase, now=now)
+                           ready_workers=ready_workers, phase=status.phase, now=now,
+                           leaving=leaving)
+    if yielding is not None:
+        write = dataclasses.replace(write, event=EventSpec("Normal", c.YIELDED_QUOTA,
+                                                           yielding.message))
     return status, create, write

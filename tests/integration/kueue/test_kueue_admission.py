@@ -7,8 +7,6 @@ worker's save on SIGTERM is the e2e tier's to show."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,74 +22,12 @@ from tests.integration.kueue.fixtures import (
     tried,
     wait_for,
 )
-from tests.integration.operator.conftest import GROUP_VERSION, Cluster, FakeKubelet, Operator
+from tests.integration.kueue.jobs import STARTED, all_pods, create_job, workload_of
+from tests.integration.operator.conftest import Cluster, Operator
 
 pytestmark = pytest.mark.cluster
 Manifest = dict[str, Any]
 POOL = "elastrain.dev/test-pool"  # the flavors' node label
-# Each worker asks for 500m; the store pod for 50m (render.rendezvous.STORE_RESOURCES).
-WORKER = {"requests": {"cpu": "500m", "memory": "64Mi"}}
-# The first pods wait for the operator's start (its imports: ~30 s on a loaded 2-core machine).
-STARTED = 120
-
-
-@pytest.fixture
-def kcluster(kueue_queues: KueueQueues, crd: Any) -> Iterator[Cluster]:
-    """The operator tier's Cluster helper over the Kueue namespace, with its fake kubelet."""
-    kubelet = FakeKubelet(kueue_queues.kube, kueue_queues.namespace)
-    kubelet.thread.start()
-    try:
-        cluster = Cluster(kueue_queues.kube, kueue_queues.namespace, crd)
-        cluster.kubelet = kubelet
-        yield cluster
-    finally:
-        kubelet.stop.set()
-        kubelet.thread.join(5)
-
-
-@pytest.fixture
-def kueue_operator(kcluster: Cluster, crd: Any, tmp_path: Path,
-                   request: pytest.FixtureRequest) -> Iterator[Operator]:
-    """The operator, started after Kueue's API is served (it probes for it at startup)."""
-    op = Operator(Path(crd.kubeconfig), kcluster.ns, tmp_path)
-    op.start()
-    try:
-        yield op
-    finally:
-        op.stop()
-        report = getattr(request.node, "kueue_call_report", None)
-        if report is not None and report.failed:
-            print(f"--- operator logs ---\n{op.logs()[-20000:]}")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
-    if report.when == "call":
-        item.kueue_call_report = report  # type: ignore[attr-defined]
-    return report
-
-
-def create_job(cluster: Cluster, name: str, *, labels: dict[str, str] | None = None,
-               **spec: Any) -> Manifest:
-    body = {"apiVersion": GROUP_VERSION, "kind": "TrainingJob",
-            "metadata": {"name": name, "labels": labels or {}},
-            "spec": {"image": "trainer:dev", "recovery": {"mode": "Restart"},
-                     "resources": WORKER, **spec}}
-    return cluster.kube.request("POST", cluster.job_path(), body=body)
-
-
-def workload_of(kq: KueueQueues, job: str) -> Manifest | None:
-    """The Workload the operator made for `job` (owned by it)."""
-    for wl in kq.workloads():
-        if any(o["kind"] == "TrainingJob" and o["name"] == job
-               for o in wl["metadata"].get("ownerReferences", [])):
-            return wl
-    return None
-
-
-def all_pods(cluster: Cluster, job: str) -> dict[str, Manifest]:
-    return {**cluster.pods(job), **cluster.pods(job, role="rdzv-store")}
 
 
 def released_and_requeued(kq: KueueQueues, cluster: Cluster, job: str) -> Manifest:

@@ -303,7 +303,8 @@ def _operator_env(docs: list[Manifest]) -> dict[str, str]:
 def test_rules_are_marked_cluster_scoped_exactly_for_cluster_scoped_resources() -> None:
     from elastrain_operator.rbac import RULES
     cluster_scoped = {"namespaces", "customresourcedefinitions", "clusterkopfpeerings",
-                      "nodes", "resourceflavors", "workloadpriorityclasses", "priorityclasses"}
+                      "nodes", "resourceflavors", "workloadpriorityclasses", "priorityclasses",
+                      "clusterqueues"}
     for rule in RULES:
         assert all((r in cluster_scoped) == rule.cluster_scoped for r in rule.resources), rule
 

@@ -1,0 +1,56 @@
+"""Shrink to yield against real Kueue (v0.17.0) and the real apiserver, with the operator as a
+process (policy.kueue_yield): in a ClusterQueue with Kueue's default preemption policy
+(withinClusterQueue Never), a Workload of a higher priority that does not fit beside a running
+job waits for as long as the job runs. With the yield, the job lets the fewest workers go that
+cover what the Workload lacks, tells Kueue once their pods are gone (status.reclaimablePods), and
+Kueue admits the Workload; the job stays admitted and is never evicted. No kubelet: the tier's
+FakeKubelet confirms deletions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.kueue.fixtures import (
+    QUEUE_LABEL,
+    KueueQueues,
+    admitted,
+    condition,
+    make_workload,
+    wait_for,
+)
+from tests.integration.kueue.jobs import STARTED, create_job, workload_of
+from tests.integration.operator.conftest import Cluster, Operator
+
+pytestmark = pytest.mark.cluster
+PRIORITY = "kueue.x-k8s.io/priority-class"
+
+
+def test_a_job_above_its_minimum_gives_a_worker_back_to_a_more_urgent_workload(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    low = kq.make_priority_class("low", 100)
+    high = kq.make_priority_class("high", 1000)
+    # 3 workers of 500m and the store's 50m fit; 50m is left. Kueue's default policy: no
+    # preemption within the ClusterQueue.
+    queue = kq.make_queue(cpu="1600m", memory="8Gi")
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, PRIORITY: low},
+               replicas=3, minReplicas=1)
+    workers = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    kcluster.wait_workers(workers, timeout=STARTED)
+    kcluster.run_all("demo")
+    wait_for("the job Running", lambda: kcluster.status("demo").get("phase") == "Running")
+
+    # Lacks 450m: one worker's 500m covers it.
+    kq.create_workload(make_workload("urgent", queue=queue, cpu="500m", priority=(high, 1000)))
+    wait_for("the urgent Workload admitted", lambda: admitted(kq.workload("urgent")),
+             timeout=90)
+    wl = workload_of(kq, "demo")
+    assert wl is not None and admitted(wl), wl
+    assert condition(wl, "Evicted") is None, wl
+    assert wl["status"]["reclaimablePods"] == [{"name": "workers", "count": 1}]
+    assert sorted(kcluster.worker_names("demo")) == workers[:2]
+    status = kcluster.status("demo")
+    assert (status["queue"]["admittedWorkers"], status["queue"]["yieldedWorkers"]) == (2, 1)
+    assert (status["phase"], status["preemptions"], status["restarts"]) == ("Running", 0, 0)
+    (event,) = kcluster.events("YieldedQuota")
+    assert "to Workload" in event["message"] and "urgent" in event["message"], event
