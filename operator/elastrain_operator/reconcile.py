@@ -41,6 +41,7 @@ from elastrain_operator.k8s.events import post_events
 from elastrain_operator.k8s.kueue import (
     KueueState,
     create_workload,
+    delete_workload,
     label_queue,
     patch_workload,
     patch_workload_status,
@@ -52,6 +53,7 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.model.names import LABEL_ROLE, ROLE_WORKER
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus
+from elastrain_operator.policy.kueue_grow import ExtraWrite
 from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.round import Observed
@@ -118,7 +120,7 @@ def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
                 or p.release_pods or p.delete_job or p.events or orphans
                 or p.create_workload or p.workload.status or p.workload.spec
                 or p.workload.unfinalize
-                or p.workload.label_queue)
+                or p.workload.label_queue or p.workload.extra != ExtraWrite())
 
 
 def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
@@ -290,6 +292,13 @@ def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -
         patch_workload(kube, workload, p.workload.spec)
     if workload is not None and p.workload.unfinalize:
         release_workload(kube, workload)
+    extra, more = p.workload.extra, observed.kueue.extra if observed.kueue is not None else None
+    if extra.create is not None:
+        create_workload(kube, extra.create)
+    if more is not None and extra.status is not None:
+        patch_workload_status(kube, more, extra.status)
+    elif more is not None and extra.delete:
+        delete_workload(kube, more)
 
 
 def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:

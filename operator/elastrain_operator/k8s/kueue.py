@@ -29,7 +29,9 @@ from elastrain_operator.render.workload import (
     RESOURCE_IN_USE,
     WORKERS,
     Priority,
+    extra_workload_name,
     render_pod_sets,
+    workload_name,
 )
 
 GROUP, VERSION = KUEUE_API.split("/")
@@ -159,14 +161,15 @@ class KueueState:
 
     # ------------------------------------------------------------------ the reconcile side
 
-    def workload_of(self, job: TrainingJob) -> Manifest | None:
-        """The job's Workload: the one whose controller is this very job (by uid)."""
+    def workload_of(self, job: TrainingJob, name: str | None = None) -> Manifest | None:
+        """The job's Workload (or its extra one, by `name`): controlled by this very job (by
+        uid)."""
         key = (job.metadata.namespace, job.metadata.name)
+        name = name or workload_name(job)
         with self._lock:
-            for wl in self._workloads.get(key, {}).values():
-                if (_owner(wl) or ("", ""))[1] == job.metadata.uid:
-                    return wl
-        return None
+            wl = self._workloads.get(key, {}).get(name)
+        return wl if wl is not None and (_owner(wl) or ("", ""))[1] == job.metadata.uid \
+            else None
 
     def orphans(self, key: Key) -> list[Manifest]:
         """Workloads of a job that is gone, still holding the finalizer we put there."""
@@ -186,8 +189,10 @@ class KueueState:
             return KueueView(queue=queue, served=False)
         workload = self.workload_of(job)
         priority = read_priority(kube, job) if workload is None and kube is not None else None
-        view = KueueView(queue=queue, workload=workload,
-                         flavors=self._flavors_of(kube, workload), priority=priority)
+        extra = self.workload_of(job, extra_workload_name(job))
+        flavors = {**self._flavors_of(kube, workload), **self._flavors_of(kube, extra)}
+        view = KueueView(queue=queue, workload=workload, extra=extra, flavors=flavors,
+                         priority=priority)
         cluster_queue = _admitted_in(workload) if self.yielding else None
         if not cluster_queue:
             return view
@@ -269,6 +274,18 @@ def _patch(kube: Kube, workload: Manifest, patch: Manifest, sub: str) -> bool:
             return False
         raise
     return True
+
+
+def delete_workload(kube: Kube, workload: Manifest) -> None:
+    """Delete it if it is still the one read (a precondition on its uid and version)."""
+    meta = workload["metadata"]
+    body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {
+        "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+    try:
+        kube.delete(workload_path(meta["namespace"], meta["name"]), body=body)
+    except KubeError as err:
+        if not err.conflict:  # changed since: the next round decides again
+            raise
 
 
 def release_workload(kube: Kube, workload: Manifest) -> None:

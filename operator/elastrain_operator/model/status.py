@@ -160,15 +160,17 @@ class QueueStatus(ApiModel):
     cluster_queue: str = Field(default="", max_length=253,
                                description="The ClusterQueue that admitted it.")
     admitted_workers: int | None = Field(
-        default=None, ge=0, description="Workers the job runs under its admission: what the "
-                                        "admission covers (partial admission can give fewer "
-                                        "than spec.replicas, never below minReplicas) less "
-                                        "yieldedWorkers.")
+        default=None, ge=0, description="Workers the job runs under Kueue: what its admission "
+                                        "covers (partial admission can give fewer than "
+                                        "spec.replicas, never below minReplicas) less "
+                                        "yieldedWorkers, plus those its extra Workload's "
+                                        "admission adds.")
     yielded_workers: int = Field(
         default=0, ge=0, description="Workers given back during this admission to a waiting "
                                      "Workload of a higher priority that Kueue would not "
                                      "preempt for (the Workload's status.reclaimablePods); "
-                                     "they come back with the next admission.")
+                                     "they come back through the job's extra Workload or "
+                                     "with the next admission.")
     yielded_at: datetime | None = Field(default=None, description="When workers were last "
                                                                   "given back.")
     message: str = Field(default="", max_length=2048, description="Kueue's word on it.")

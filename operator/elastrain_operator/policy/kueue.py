@@ -22,6 +22,8 @@ jobframework reconciler plays for a batch Job:
 - Admitted above minReplicas, it gives workers' quota back to a more urgent Workload that waits
   in its ClusterQueue where Kueue would not preempt for it (policy.kueue_yield): the workers
   leave, and once their pods are gone the Workload's status.reclaimablePods says so.
+- Admitted below its size, it asks for the rest with an extra Workload of its own, admitted and
+  preempted on its own (policy.kueue_grow).
 """
 
 from __future__ import annotations
@@ -37,8 +39,17 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import Phase, QueueState, QueueStatus, TrainingJobStatus
 from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.kueue_grow import ExtraWrite, extra_workers, extra_write
 from elastrain_operator.policy.kueue_yield import Waiting, Yield, decide_yield
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
+from elastrain_operator.policy.workload_conditions import (
+    condition,
+    conditions_of,
+    eviction,
+    is_true,
+    released_status,
+    with_condition,
+)
 from elastrain_operator.render.meta import Manifest
 from elastrain_operator.render.workload import (
     DEACTIVATED_BY,
@@ -64,8 +75,6 @@ from elastrain_operator.render.workload import (
 
 DEFAULT_QUEUE = "default"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate of Kueue's pod integration
-# Kueue's eviction reasons after which its own integrations requeue (jobframework step 6).
-REQUEUED_AFTER = ("Preempted", "AdmissionCheck")
 EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.elastrain.dev"
 
 
@@ -82,6 +91,7 @@ class KueueView:
     # waiting in the job's ClusterQueue, its withinClusterQueue preemption policy, and what one
     # worker pod asks for.
     yielding: bool = False
+    extra: Manifest | None = None  # the job's extra Workload (policy.kueue_grow), if any
     waiting: tuple[Waiting, ...] = ()
     within_cluster_queue: str | None = None
     per_worker: Mapping[str, Decimal] = field(default_factory=dict)
@@ -95,8 +105,11 @@ class Gate:
     runs: bool  # its pods may exist
     reason: str
     message: str
-    workers: int | None = None  # workers the job runs: admitted less yielded (runs only)
+    workers: int | None = None  # workers the job runs: admitted less yielded plus grown
     yielded: int = 0  # workers given back during this admission (policy.kueue_yield)
+    grown: int = 0  # workers the extra Workload's admission adds (policy.kueue_grow)
+    base: int = 0  # workers under the job's own admission: the extra's take the indices after
+    extra_placement: Placement = field(default_factory=Placement)
     cluster_queue: str = ""
     placement: Mapping[str, Placement] = field(default_factory=dict)  # pod set -> placement
 
@@ -113,14 +126,6 @@ def queue_of(job: TrainingJob, default_queue: bool) -> str | None:
     return None
 
 
-def _conditions(workload: Manifest) -> dict[str, Manifest]:
-    return {str(x.get("type")): x for x in (workload.get("status") or {}).get("conditions") or []}
-
-
-def _true(conds: Mapping[str, Manifest], kind: str) -> bool:
-    return (conds.get(kind) or {}).get("status") == "True"
-
-
 def derive_gate(job: TrainingJob, view: KueueView) -> Gate:
     """Where the Workload stands, as the job acts on it."""
     name = workload_name(job)
@@ -133,45 +138,37 @@ def derive_gate(job: TrainingJob, view: KueueView) -> Gate:
     if wl is None:
         return Gate("Creating", False, c.QUEUED,
                     f"creating Workload {name} in LocalQueue {view.queue}")
-    conds = _conditions(wl)
-    if _true(conds, "Finished"):
+    conds = conditions_of(wl)
+    if is_true(conds, "Finished"):
         return Gate("Finished", False, c.QUEUED,
                     f"Workload {name} is finished: {conds['Finished'].get('message', '')}")
-    if _true(conds, "Evicted") and _true(conds, "QuotaReserved"):
+    if is_true(conds, "Evicted") and is_true(conds, "QuotaReserved"):
         return Gate("Evicted", False, c.EVICTED_BY_KUEUE,
                     f"Kueue evicted Workload {name} ({eviction(conds)}): the workers save their "
                     "step and stop, then the quota is released")
-    if _true(conds, "Admitted") and not _true(conds, "Evicted"):
+    if is_true(conds, "Admitted") and not is_true(conds, "Evicted"):
         return _admitted(job, view, wl)
     return Gate("Queued", False, c.QUEUED, _waiting(name, view.queue, wl, conds))
-
-
-def eviction(conds: Mapping[str, Manifest]) -> str:
-    """Kueue's reason for an eviction, and by whom when it preempted."""
-    evicted = conds.get("Evicted") or {}
-    why = str(evicted.get("reason") or "Evicted")
-    if _true(conds, "Preempted"):
-        why += f", {conds['Preempted'].get('reason')}"
-    message = str(evicted.get("message") or "")
-    return f"{why}: {message}" if message else why
 
 
 def _waiting(name: str, queue: str, wl: Manifest, conds: Mapping[str, Manifest]) -> str:
     if (wl.get("spec") or {}).get("active") is False:
         return f"Workload {name} is deactivated (spec.active false); it is not queued"
-    if _true(conds, "Evicted"):
+    if is_true(conds, "Evicted"):
         return f"requeued in LocalQueue {queue} after an eviction ({eviction(conds)})"
     reserved = conds.get("QuotaReserved") or {}
     why = reserved.get("message") or "waiting for Kueue to consider it"
     return f"Workload {name} waits in LocalQueue {queue}: {why}"
 
 
-def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
+def _placements(view: KueueView, wl: Manifest) -> tuple[dict[str, Placement], list[str]]:
+    """Each admitted pod set's placement (its flavors' node labels and tolerations, and the
+    admission checks' podSetUpdates), and the flavors not found."""
     admission = (wl.get("status") or {}).get("admission") or {}
-    assignments = {str(a.get("name")): a for a in admission.get("podSetAssignments") or []}
     placement: dict[str, Placement] = {}
     unknown: list[str] = []
-    for pod_set, assignment in assignments.items():
+    for assignment in admission.get("podSetAssignments") or []:
+        pod_set = str(assignment.get("name"))
         here = Placement()
         for flavor in dict.fromkeys((assignment.get("flavors") or {}).values()):
             if str(flavor) in view.flavors:
@@ -183,6 +180,13 @@ def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
                 if update.get("name") == pod_set:
                     here = here.merged(update_placement(update))
         placement[pod_set] = here
+    return placement, unknown
+
+
+def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
+    admission = (wl.get("status") or {}).get("admission") or {}
+    assignments = {str(a.get("name")): a for a in admission.get("podSetAssignments") or []}
+    placement, unknown = _placements(view, wl)
     count = (assignments.get(WORKERS) or {}).get("count")
     admitted = int(count) if count is not None else job.spec.desired_workers
     # Given back during this admission (status.queue, reset whenever the job is not admitted).
@@ -193,10 +197,22 @@ def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
     message = f"admitted by ClusterQueue {queue} for {admitted} workers"
     if yielded:
         message += f", {yielded} of them given back to a more urgent Workload"
+    grown = extra_workers(view.extra)
+    extra_placement = Placement()
+    if grown and view.extra is not None:
+        found, missing = _placements(view, view.extra)
+        extra_placement, unknown = found.get(WORKERS, Placement()), unknown + missing
+        message += f", and {grown} more by Workload {view.extra['metadata'].get('name')}"
     if unknown:
         message += f" (ResourceFlavors not found, their node labels not applied: {unknown})"
-    return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message, workers=admitted - yielded,
-                yielded=yielded, cluster_queue=queue, placement=placement)
+    return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message,
+                workers=admitted - yielded + grown, yielded=yielded, grown=grown,
+                base=admitted - yielded, extra_placement=extra_placement,
+                cluster_queue=queue, placement=placement)
+
+
+def _index(manifest: Manifest) -> int:
+    return int((manifest["metadata"].get("labels") or {}).get("elastrain.dev/worker-index", 0))
 
 
 def pod_set_of(manifest: Manifest, job: TrainingJob) -> str:
@@ -237,8 +253,8 @@ def yield_now(job: TrainingJob, view: KueueView, gate: Gate, phase: Phase,
               now: datetime) -> Yield | None:
     """Workers to give back this round (policy.kueue_yield), for a job that trains admitted."""
     if not view.yielding or gate.state != "Admitted" or gate.workers is None \
-            or phase != "Running" or view.workload is None:
-        return None
+            or phase != "Running" or view.workload is None or gate.grown:
+        return None  # (not while an extra Workload's workers run: those would leave first)
     was = job.status.queue
     return decide_yield(
         priority=int((view.workload.get("spec") or {}).get("priority") or 0),
@@ -282,27 +298,7 @@ class WorkloadWrite:
     # gets it, as Kueue's webhook labels its own kinds, so Kueue's pod integration finds its
     # pods' owner managed (with EXTERNAL_FRAMEWORK registered) and leaves them alone.
     label_queue: str | None = None
-
-
-def _condition(kind: str, status: bool, reason: str, message: str, *, now: datetime,
-               generation: int) -> Manifest:
-    return {"type": kind, "status": "True" if status else "False", "reason": reason,
-            "message": message[:32768], "lastTransitionTime": now.isoformat(),
-            "observedGeneration": generation}
-
-
-def _with(conds: list[Manifest], new: Manifest) -> list[Manifest]:
-    """Set a condition as metav1 does: its transition time kept while its status stays."""
-    out, found = [], False
-    for cond in conds:
-        if cond.get("type") != new["type"]:
-            out.append(cond)
-            continue
-        found = True
-        same = cond.get("status") == new["status"]
-        out.append({**new, "lastTransitionTime": cond.get("lastTransitionTime")} if same
-                   else new)
-    return out if found else [*out, new]
+    extra: ExtraWrite = field(default_factory=ExtraWrite)  # the extra Workload's (kueue_grow)
 
 
 def _reclaimable(wl: Manifest, gate: Gate, leaving: int) -> list[Manifest] | None:
@@ -329,36 +325,26 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
         label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
         return WorkloadWrite(label_queue=label)
     meta = wl.get("metadata") or {}
-    conds = _conditions(wl)
+    conds = conditions_of(wl)
     ours = RESOURCE_IN_USE in (meta.get("finalizers") or [])
     gen = int(meta.get("generation") or 0)
     listed: list[Manifest] = list(conds.values())
     status: dict[str, Any] = {}
     event = None
     if gate.state == "Evicted" and not pods_left:
-        evicted = conds.get("Evicted") or {}
-        reason = str(evicted.get("reason") or "Evicted")
-        message = str(evicted.get("message") or "")
-        requeue = reason in REQUEUED_AFTER
-        for new in (_condition("QuotaReserved", False, "Pending", message, now=now,
-                               generation=gen),
-                    _condition("Admitted", False, "NoReservation",
-                               "The workload has no reservation", now=now, generation=gen),
-                    _condition("Requeued", requeue, reason, message, now=now, generation=gen)):
-            listed = _with(listed, new)
-        status["admission"] = None
-        status["reclaimablePods"] = None  # the next admission counts every pod set anew
+        status, requeue = released_status(wl, now=now)
+        listed = status.pop("conditions")
         event = EventSpec("Normal", c.QUOTA_RELEASED,
                           f"no pod of the job is left: Workload {meta.get('name')}'s quota "
                           f"released ({eviction(conds)}); "
                           + ("requeued" if requeue else "not requeued"))
-    elif phase in ("Succeeded", "Failed") and not _true(conds, "Finished"):
-        listed = _with(listed, _condition("Finished", True, phase, f"the TrainingJob {phase}",
-                                          now=now, generation=gen))
+    elif phase in ("Succeeded", "Failed") and not is_true(conds, "Finished"):
+        listed = with_condition(listed, condition(
+            "Finished", True, phase, f"the TrainingJob {phase}", now=now, generation=gen))
     elif gate.runs and gate.workers is not None:
         ready = ready_workers >= gate.workers
         if (conds.get("PodsReady") or {}).get("status") != ("True" if ready else "False"):
-            listed = _with(listed, _condition(
+            listed = with_condition(listed, condition(
                 "PodsReady", ready, "PodsReady" if ready else "WaitForStart",
                 f"{ready_workers} of {gate.workers} admitted workers ready", now=now,
                 generation=gen))
@@ -366,13 +352,13 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
             status["reclaimablePods"] = reclaimable
     if listed != list(conds.values()):
         status["conditions"] = listed
-    unfinalize = ours and (bool(meta.get("deletionTimestamp")) or _true(conds, "Finished"))
+    unfinalize = ours and (bool(meta.get("deletionTimestamp")) or is_true(conds, "Finished"))
     version = {"resourceVersion": meta.get("resourceVersion")}
     patch = {"metadata": version, "status": status} if status else None
     label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
     spec = None
     if phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp"):
-        spec = _spec_patch(job, wl, reserved=_true(conds, "QuotaReserved"))
+        spec = _spec_patch(job, wl, reserved=is_true(conds, "QuotaReserved"))
     if spec:
         spec["metadata"].update(version)
     return WorkloadWrite(status=patch, spec=spec,
@@ -422,8 +408,11 @@ def place_pods(create: Sequence[Manifest], job: TrainingJob,
         if pod_set != STORE and gate.workers is not None \
                 and gate.workers < job.spec.desired_workers:
             manifest = with_admitted_workers(manifest, gate.workers)
+        where = gate.placement.get(pod_set, Placement())
+        if pod_set == WORKERS and gate.grown and gate.base <= _index(manifest):
+            where = gate.extra_placement  # a worker the extra Workload's admission covers
         try:
-            placed.append(place(manifest, gate.placement.get(pod_set, Placement())))
+            placed.append(place(manifest, where))
         except ValueError as err:
             events.append(EventSpec("Warning", c.CREATE_FAILED,
                                     f"pod {manifest['metadata']['name']}: {err}"))
@@ -453,7 +442,11 @@ def kueue_status(status: TrainingJobStatus, job: TrainingJob, view: KueueView, g
     write = workload_write(job, view, gate, pods_left=bool(workers) or store,
                            ready_workers=ready_workers, phase=status.phase, now=now,
                            leaving=leaving)
-    if yielding is not None:
-        write = dataclasses.replace(write, event=EventSpec("Normal", c.YIELDED_QUOTA,
-                                                           yielding.message))
+    extra = extra_write(job, view.workload, view.extra, admitted=gate.state == "Admitted",
+                        base=gate.base, workers=workers, phase=status.phase,
+                        ready_workers=ready_workers, now=now)
+    # One event a round: the yield's, the job's Workload's, else the extra one's.
+    event = (EventSpec("Normal", c.YIELDED_QUOTA, yielding.message) if yielding is not None
+             else write.event or extra.event)
+    write = dataclasses.replace(write, event=event, extra=extra)
     return status, create, write

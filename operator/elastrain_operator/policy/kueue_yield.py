@@ -15,7 +15,9 @@ would preempt (withinClusterQueue LowerPriority or LowerOrNewerEqualPriority) it
 Kueue: the job is evicted whole and saves (policy.kueue).
 
 Kueue lets reclaimablePods only grow while the quota is reserved, so the workers given back come
-back with the job's next admission (after an eviction), not while this one lasts.
+back through the job's extra Workload (policy.kueue_grow), admitted on its own when quota frees,
+or with the job's next admission. No yield while the extra Workload's workers run (they hold the
+indices above the job's own admission and would have to leave first).
 """
 
 from __future__ import annotations

@@ -66,6 +66,12 @@ def workload_name(job: TrainingJob) -> str:
     return f"trainingjob-{job.metadata.name}-{digest}"
 
 
+def extra_workload_name(job: TrainingJob) -> str:
+    """The job's second Workload, for the workers its admission did not cover (policy.
+    kueue_grow)."""
+    return f"{workload_name(job)}-more"
+
+
 def _template(pod: Manifest) -> Manifest:
     """A pod set's template: the pod's labels and spec (names and owners are per pod)."""
     return {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
@@ -89,6 +95,27 @@ def render_workload(job: TrainingJob, queue: str, priority: Priority | None) -> 
         "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
         "annotations": annotations,
         "finalizers": [RESOURCE_IN_USE],
+        "ownerReferences": [owner_reference(job)],
+    }}
+
+
+def render_extra_workload(job: TrainingJob, main: Manifest, workers: int) -> Manifest:
+    """A Workload for `workers` more workers beside the admitted `main` one (policy.
+    kueue_grow): its LocalQueue and priority, one pod set of the workers' template, any size
+    from one worker up (partial admission). No finalizer: Kueue frees its quota when it is
+    deleted, which the operator does only once its workers are gone."""
+    spec = main.get("spec") or {}
+    template = _template(render_worker_pod(job, 0, 0))
+    body: Manifest = {"queueName": spec.get("queueName"), "podSets": [
+        {"name": WORKERS, "count": workers, "template": template,
+         **({"minCount": 1} if workers > 1 else {})}]}
+    for key in ("priorityClassRef", "priority"):
+        if key in spec:
+            body[key] = spec[key]
+    return {"apiVersion": KUEUE_API, "kind": "Workload", "spec": body, "metadata": {
+        "name": extra_workload_name(job),
+        "namespace": job.metadata.namespace,
+        "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
         "ownerReferences": [owner_reference(job)],
     }}
 

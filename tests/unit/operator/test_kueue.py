@@ -366,6 +366,7 @@ def test_the_watches_keep_each_jobs_workload_the_default_queues_and_flavors() ->
     state = KueueState()
     j = job()
     owned = workload(*ADMITTED, workers=2)
+    owned["metadata"]["name"] = workload_name(j)  # the name the operator gives it
     owned["metadata"]["ownerReferences"] = [{
         "apiVersion": "elastrain.dev/v1alpha1", "kind": "TrainingJob", "name": "demo",
         "uid": "u1", "controller": True}]

@@ -15,6 +15,7 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.policy.kueue import KueueView
 from elastrain_operator.policy.kueue_yield import YIELD_INTERVAL_S, Waiting, decide_yield
 from elastrain_operator.policy.planning import plan
+from elastrain_operator.render.workload import workload_name
 from tests.unit.operator.test_kueue import ADMITTED, FLAVORS, cond, queued_world, workload
 from tests.unit.operator.test_planning import T0, World
 
@@ -136,6 +137,7 @@ def test_the_watches_find_the_jobs_a_waiting_workload_could_take_workers_from() 
     state = KueueState(yielding=True)
     j = queued_world(replicas=3, minReplicas=1, resources={"requests": {"cpu": "500m"}}).parsed()
     ours = workload(*ADMITTED, workers=3)
+    ours["metadata"]["name"] = workload_name(j)
     ours["metadata"]["ownerReferences"] = [{"controller": True, "kind": "TrainingJob",
                                             "apiVersion": "elastrain.dev/v1alpha1",
                                             "name": j.metadata.name, "uid": j.metadata.uid}]
