@@ -12,7 +12,9 @@ Dark kinds (issue 34): `freeze` stops every process of one worker's trainer cont
 a hung host), `partition` drops every packet into and out of its pod's network namespace but
 its loopback (iptables in that namespace: no FIN, no RST). The pod stays dark until the job is
 whole again (InProcess: planned out by the heartbeat, replaced by the operator after its grace,
-the replacement joined; `whole_s`), or in Restart mode until the survivors resumed (their
+the replacement joined, or a spare took its place; `whole_s`) and the operator has replaced it
+(a dark pod back within its grace rejoins in place, uncounted), or in Restart mode until the
+survivors resumed (their
 ring-neighbour watch, session/dark_peers.py, ends the group), at most --dark-cap seconds; then
 it is thawed or reconnected. `--spares N` gives the InProcess job N warm spares (a dark
 member's place is taken at the failure's own regroup). `notice` (InProcess with spares: on
@@ -194,6 +196,12 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
             first = t.recovered_after(at, timeout=dark_cap if kind in DARK else 240)
             if kind in DARK and t.mode != RESTART:
                 whole = whole_again(t, at, timeout=dark_cap)
+                # Dark until the operator has replaced it (a failure, counted once): lifted
+                # sooner (a spare makes the world whole at once), it would rejoin in place
+                # within its grace, which by design counts nothing.
+                wait_for("the dark pod replaced",
+                         lambda: t.counters()[1] > before[1],  # noqa: B023
+                         timeout=dark_cap)
         finally:
             if lift is not None:
                 lift()
