@@ -17,11 +17,11 @@ the replacement joined, or a spare took its place; `whole_s`) and the operator h
 survivors resumed (their
 ring-neighbour watch, session/dark_peers.py, ends the group), at most --dark-cap seconds; then
 it is thawed or reconnected. `--spares N` gives the InProcess job N warm spares (a dark
-member's place is taken at the failure's own regroup). `notice` (InProcess with spares: on
-one node the replacement cannot be scheduled, so a notice moves a worker onto a waiting spare
-only) taints the worker's node `karpenter.sh/disrupted:NoSchedule`: the worker leaves at
-once, the spare takes its place (`pause_s`: the survivors' regroup and heal, `min_world`),
-then the taint is removed.
+member's place is taken at the failure's own regroup). A notice (a taint, a cordon) is not a
+kind here: on one node the notice is on the node of every spare and of any replacement, so
+nothing can move (policy.notices moves a worker only onto a spare or a new pod on another
+node); the notice-first move is measured on the two real nodes by tests/e2e/test_node_loss.py
+(scenarios 2 and 4: `pause_s` in runs/e2e/recovery.json).
 
 The job is the e2e suite's (tests/e2e/support.make_job: the kind example, 3 workers, min 2,
 DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps), once
@@ -87,9 +87,8 @@ REPLICAS = 3
 # dark: every process of the trainer container stopped (SIGSTOP: a hung host), or every packet
 # into and out of the pod's network namespace dropped (a partition: no FIN, no RST). A dark pod
 # stays dark until the job is whole again or the cap passes, then is thawed or reconnected.
-KINDS = ("evict", "kill", "freeze", "partition", "notice")
+KINDS = ("evict", "kill", "freeze", "partition")
 DARK = ("freeze", "partition")
-NOTICE_TAINT = "karpenter.sh/disrupted"
 DEFAULT_KINDS = ("evict", "kill")
 Record = dict[str, Any]
 
@@ -150,15 +149,6 @@ def lose(t: Training, pod: str, kind: str) -> tuple[float, Any]:
     return at, None
 
 
-def notice(t: Training, pod: str) -> tuple[float, Any]:
-    """Karpenter's taint on the pod's node (the one node: the replacement stays Pending, so a
-    waiting spare is what takes the doomed worker's place); returns when, and the untaint."""
-    node = t.k.json("get", "pod", pod, "-n", t.ns)["spec"]["nodeName"]
-    at = time.time()
-    t.k("taint", "node", node, f"{NOTICE_TAINT}=:NoSchedule", "--overwrite")
-    return at, lambda: t.k("taint", "node", node, f"{NOTICE_TAINT}:NoSchedule-", check=False)
-
-
 def whole_again(t: Training, since: float, timeout: float) -> float | None:
     """Seconds from `since` to a step at full size in a generation (or resume) after the
     loss's own recovery, or None within `timeout`."""
@@ -189,7 +179,7 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
         pod = next(t.worker(j % len(t.workers())) for j in range(index, index + 8)
                    if t.worker(j % len(t.workers())) not in waiting)  # a member, not a spare
         processes = t.processes()
-        at, lift = notice(t, pod) if kind == "notice" else lose(t, pod, kind)
+        at, lift = lose(t, pod, kind)
         whole = None
         try:
             # The cap bounds a detector that fails (gloo's collective timeout is 5 min).
@@ -205,7 +195,7 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
         finally:
             if lift is not None:
                 lift()
-        if kind != "notice" and (kind not in DARK or t.mode != RESTART):
+        if kind not in DARK or t.mode != RESTART:
             counter = 0 if kind == "evict" else 1  # a preemption, or a failure by policy
             wait_for("the loss counted",
                      lambda: t.counters()[counter] > before[counter],  # noqa: B023
@@ -224,16 +214,6 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
                "survivors_kept_processes": all(after.get(n) == inc
                                                for n, inc in survivors.items()),
                "counted": [a - b for a, b in zip(t.counters(), before, strict=True)]}
-        if kind == "notice":
-            # The survivors' pause: the move's regroup as its coordinator timed it; and the
-            # smallest world any step was trained at since the notice.
-            leave = next((r for r in t.logs.events("regroup") if float(r["time"]) > at
-                          and r.get("reason") == "leave" and r.get("healed_from") is None),
-                         None)
-            row["pause_s"] = (round(float(leave["regroup_s"]) + float(leave["heal_s"]), 3)
-                              if leave is not None else None)
-            row["min_world"] = min(int(r["world_size"]) for r in t.logs.events("step")
-                                   if float(r["time"]) > at)
         print(json.dumps(row), flush=True)
         rows.append(row)
     t.settle(REPLICAS)
@@ -256,9 +236,6 @@ def run_mode(node: NodeCluster, mode: str, events: int, kinds: Sequence[str],
                                 **recovery_spec(mode),
                                 **({"spares": spares} if spares and mode != RESTART else {})))
     with LogCollector(node.kubectl, ns, Training.worker_selector(job), logs_dir / job) as logs:
-        # A notice moves a worker on one node only onto a waiting spare (its replacement
-        # cannot be scheduled): an InProcess job with spares only.
-        kinds = [k for k in kinds if k != "notice" or (mode != RESTART and spares)]
         rows = measure(Training(node.kubectl, ns, job, logs, mode), events, kinds,
                        spares=spares if mode != RESTART else 0, dark_cap=dark_cap)
         for row in rows:
@@ -292,10 +269,6 @@ def summarize(rows: Sequence[Record], joins: Sequence[Record]) -> dict[str, Any]
                 **({"whole_p50_s": _p50([float(r["whole_s"]) for r in sel
                                          if r.get("whole_s") is not None])}
                    if kind in DARK else {}),
-                **({"pause_p50_s": _p50([float(r["pause_s"]) for r in sel
-                                         if r.get("pause_s") is not None]),
-                    "min_world": min(int(r["min_world"]) for r in sel)}
-                   if kind == "notice" else {}),
                 "survivors_kept_processes": sum(bool(r["survivors_kept_processes"])
                                                 for r in sel),
                 "preemptions_counted": sum(r["counted"][0] for r in sel),
@@ -319,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(RECOVERY_MODES),
                         help="restart,inprocess (in that order by default)")
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
-                        help="of evict,kill,freeze,partition,notice (default evict,kill)")
+                        help="of evict,kill,freeze,partition (default evict,kill)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/recovery_node.json")
     parser.add_argument("--spares", type=int, default=0,
                         help="warm spares of the InProcess job (time back to full size)")
@@ -327,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds a dark pod may take to be recovered from")
     args = parser.parse_args(argv)
     modes = [RECOVERY_MODES[m] for m in args.modes.split(",")]
-    kinds = [k for k in args.kinds.split(",") if k in KINDS]
+    kinds = args.kinds.split(",")
+    if unknown := [k for k in kinds if k not in KINDS]:
+        parser.error(f"--kinds {','.join(unknown)}: not one of {','.join(KINDS)} (a notice "
+                     "needs two nodes: tests/e2e/test_node_loss.py)")
     images = prepare_node()
     workdir = Path(tempfile.mkdtemp(prefix="elastrain-recovery-node-"))
     rows: list[Record] = []

@@ -139,6 +139,15 @@ def notice_condition(t: TwoNodeJob) -> dict[str, Any] | None:
                  if c["type"] == "NodeDisruptionNotice" and c["status"] == "True"), None)
 
 
+def survivors_pause(t: TwoNodeJob, at: float) -> dict[str, float]:
+    """The survivors' pause at each regroup since `at`, as their coordinator timed it (the
+    regroup and the heal of whoever joined): the notice-first move's cost to training."""
+    pauses = [round(float(r.get("regroup_s", 0)) + float(r.get("heal_s", 0)), 3)
+              for r in t.logs.events("regroup") if float(r["time"]) > at
+              and r.get("healed_from") is None and r.get("regroup_s") is not None]
+    return {"pause_s": max(pauses, default=0.0), "regroups": len(pauses)}
+
+
 def test_2_a_karpenter_notice_then_a_drain_keeps_the_world_at_full_size(two: TwoNodeJob) -> None:
     t = two
     # Worker 2 back on node 2 (scale 3 -> 2 -> 3).
@@ -194,7 +203,7 @@ def _notice_then_drain(t: TwoNodeJob, doomed: str, before: tuple[int, int],
         "a survivor's trainer process was restarted"
     record_recovery("34-notice-then-drain", float(joined["time"]) - at, mode=INPROCESS,
                     pod=doomed, drain_done_s=round(drained - at, 1),
-                    held_s=held[0].get("waited_s"))
+                    held_s=held[0].get("waited_s"), **survivors_pause(t, at))
     print(f"{doomed} moved off {t.second.name} by {replacement}: the drain done "
           f"{drained - at:.1f} s after the taint, the leave held {held[0].get('waited_s')} s")
 
@@ -348,6 +357,7 @@ def test_4_a_cordon_moves_a_worker_onto_a_waiting_spare_at_once_before_the_drain
     assert {n: t.survivors().get(n) for n in survivors} == survivors, \
         "a survivor's or the spare's trainer process was restarted"
     record_recovery("34-cordon-with-a-spare", float(taken["time"]) - at, mode=INPROCESS,
-                    pod=doomed, spare=spare, drained_after_s=round(drained - at, 1))
+                    pod=doomed, spare=spare, drained_after_s=round(drained - at, 1),
+                    **survivors_pause(t, at))
     print(f"{doomed} moved off cordoned {t.second.name}: spare {spare} in its place "
           f"{float(taken['time']) - at:.1f} s after the cordon; {replacement} the new spare")

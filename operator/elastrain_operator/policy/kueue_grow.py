@@ -13,6 +13,8 @@ goes first), its workers leave at a step boundary and, once their pods are gone,
 given back as the job's own is (released_status) and it waits in the queue again. It is deleted
 when it is no longer needed (the job's own admission covers every worker, or the job is not
 admitted, once no pod of it is left): it carries no finalizer, so Kueue frees its quota then.
+Not for a job with warm spares (their slots follow the workers' and would share indices with
+the extra's workers as it comes and goes): such a job runs at what its own admission covers.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def extra_write(job: TrainingJob, main: Manifest | None, extra: Manifest | None,
                 ready_workers: int, now: datetime) -> ExtraWrite:
     """`admitted`: the job's own Workload is; `base`: the workers it runs under that admission
     (admitted less yielded), the extra's workers taking the indices from there."""
-    wanted = job.spec.desired_workers - base
+    # Not for a job with spares: their slots follow the workers', so the extra's workers and
+    # the spares would share indices as it comes and goes.
+    wanted = job.spec.desired_workers - base if not job.spec.spares else 0
     running = admitted and phase == "Running" and not job.spec.suspend
     if extra is None:
         if running and wanted > 0 and main is not None:

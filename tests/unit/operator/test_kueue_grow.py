@@ -103,3 +103,11 @@ def test_an_extra_workload_no_longer_needed_is_deleted() -> None:
     # Or asking for another count than is wanted now while it holds nothing: asked anew.
     w.job["spec"]["replicas"] = 4
     assert gplan(w, ours, pending).workload.extra.delete
+
+
+def test_a_job_with_spares_asks_for_no_extra_workload() -> None:
+    w = queued_world(replicas=3, minReplicas=1, spares=1, recovery={"mode": "InProcess"})
+    ours = workload(*ADMITTED, workers=2)
+    gplan(w, ours, None)
+    w.run_all()
+    assert gplan(w, ours, None).workload.extra.create is None
