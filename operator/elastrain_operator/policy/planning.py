@@ -36,14 +36,14 @@ from dataclasses import replace
 from datetime import datetime
 
 from elastrain_operator.model import conditions as c
-from elastrain_operator.model.names import store_name, worker_service_name
+from elastrain_operator.model.names import store_name
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import (
     Phase,
     TrainingRecovery,
-    WorkerSlot,
 )
 from elastrain_operator.policy.accounting import account
+from elastrain_operator.policy.converge import cleanup_stale, converge, ensure_slots, finish
 from elastrain_operator.policy.failures import (
     Exit,
     classify_pod_exit,
@@ -75,7 +75,6 @@ from elastrain_operator.policy.round import (
     Round,
     current_pods,
 )
-from elastrain_operator.policy.stale import Removal, removal
 from elastrain_operator.policy.status import (
     TERMINAL,
     Accounting,
@@ -91,16 +90,12 @@ from elastrain_operator.policy.store import (
     StorePod,
     StoreReadiness,
     derive_store_readiness,
-    store_hold,
     store_timed_out,
     track_store,
 )
 from elastrain_operator.policy.ttl import deadline_exceeded, ttl_expired
 from elastrain_operator.policy.validation import pod_config_problems, validate
-from elastrain_operator.render.network import MetricsPeers, render_network_policy
-from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
-from elastrain_operator.render.service import render_worker_service
-from elastrain_operator.render.workers import render_worker_pod
+from elastrain_operator.render.network import MetricsPeers
 
 __all__ = ["Observed", "Plan", "StorePod", "current_pods", "plan"]
 
@@ -143,95 +138,6 @@ def _ready_spares(job: TrainingJob, observed: Observed, *, spares: int, ready: i
         return min(count_spares(observed.progress), ready)
     old = job.status
     return min(old.ready_spares or 0, max(ready - old.ready_replicas, 0))
-
-
-def _cleanup_stale(r: Round, observed: Observed, now: datetime) -> None:
-    current = current_pods(r.acct.slots, observed.workers)
-    moving = {s.moving_from for s in r.acct.slots if s.moving_from}  # policy.notices' own
-    for pod in observed.workers:
-        if current.get(pod.index) is pod or pod.name in moving:
-            continue
-        how = removal(pod, observed.lost_nodes, now)
-        if how is Removal.FORCE:
-            r.force_delete_pods.append(pod.name)
-        elif how is Removal.DELETE:
-            r.delete_pods.append(pod.name)
-        if pod.has_finalizer:
-            r.release_pods.append(pod.name)
-
-
-def _finish(r: Round, job: TrainingJob, observed: Observed) -> None:
-    """A terminal job keeps finished pods for their logs, deletes the rest, counts nothing."""
-    for pod in observed.workers:
-        if not pod.deleting and classify_pod_exit(pod) in (Exit.RUNNING, Exit.PENDING):
-            r.delete_pods.append(pod.name)
-        if pod.has_finalizer:
-            r.release_pods.append(pod.name)
-    if observed.store is not None and not observed.store.deleting:
-        r.delete_pods.append(store_name(job.metadata.name))
-
-
-def _replace_lost_store(r: Round, store: StorePod, name: str, why: str) -> None:
-    """The store pod's node is lost (NotReady, unreachable): force-delete the pod (a graceful
-    delete would wait for a kubelet that does not answer, and its node-loss toleration would
-    keep it for as long) so the next round creates it on a live node. The trainers train on
-    meanwhile: in process a world reclaims an empty store (docs/recovery.md section 7); torchrun
-    agents lose their rendezvous and are replaced, as on any store loss."""
-    r.force_delete_pods.append(store_name(name))
-    if not store.deleting:
-        r.events.append(EventSpec(
-            "Warning", c.STORE_LOST,
-            f"the rendezvous store pod's node {store.node} is lost ({why}): the pod is "
-            "force-deleted and created again on a live node"))
-
-
-def _converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
-              finishing: bool, network: MetricsPeers | None,
-              now: datetime) -> tuple[bool, bool, datetime | None]:
-    """Create what is missing; returns (created anything, waiting for a backoff, waiting for
-    the store until)."""
-    name = job.metadata.name
-    created = False
-    for service, render in ((worker_service_name(name), render_worker_service),
-                            (store_name(name), render_store_service)):
-        if service not in observed.services:
-            r.create.append(render(job))
-            created = True
-    # Before any pod, so no pod of the job runs unprotected by the enforcer.
-    if network is not None and not observed.network_policy:
-        r.create.append(render_network_policy(job, network))
-    store = observed.store
-    if pods and store is None:
-        r.create.append(render_store_pod(job))
-        created = True
-    elif store is not None and store.node in observed.lost_nodes:
-        _replace_lost_store(r, store, name, observed.lost_nodes[store.node])
-    elif store is not None and not store.deleting and (
-            not pods or store.phase in ("Failed", "Succeeded")):
-        r.delete_pods.append(store_name(name))
-    in_backoff, held = False, None
-    hold = store_hold(r.acct.store, now=now)
-    current = current_pods(r.acct.slots, observed.workers)
-    for slot in r.acct.slots[:pods] if not finishing else ():
-        if slot.index in current:
-            continue
-        if slot.replace_after is not None and now < slot.replace_after:
-            in_backoff = True
-            continue
-        if hold is not None:
-            held = hold
-            continue
-        r.create.append(render_worker_pod(job, slot.index, slot.attempt))
-        created = True
-    return created, in_backoff, held
-
-
-def _ensure_slots(r: Round, pods: int) -> None:
-    have = {s.index for s in r.acct.slots}
-    extra = [WorkerSlot(index=i) for i in range(pods) if i not in have]
-    if extra:
-        r.acct = replace(r.acct, slots=tuple(sorted((*r.acct.slots, *extra),
-                                                    key=lambda s: s.index)))
 
 
 def _is_finishing(r: Round, observed: Observed, pods: int) -> bool:
@@ -305,7 +211,7 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     if desired and gate is not None and gate.workers is not None:
         desired = max(min(desired, gate.workers), 1)  # partial admission: what was admitted
     pods = desired + job.spec.spares if desired else 0  # worker slots: workers + warm spares
-    _ensure_slots(r, pods)
+    ensure_slots(r, pods)
     if (job.spec.suspend or queued) and not terminal_already:
         r.acct = replace(r.acct, store=None)  # the store is deleted; a resume starts anew
     elif desired:
@@ -330,11 +236,11 @@ def plan(job: TrainingJob, observed: Observed, *, now: datetime,
     created = in_backoff = False
     held = None
     if terminal_already or terminal is not None:
-        _finish(r, job, observed)
+        finish(r, job, observed)
     else:
-        _cleanup_stale(r, observed, now)
+        cleanup_stale(r, observed, now)
         if not blocking:
-            created, in_backoff, held = _converge(r, job, observed, pods=pods,
+            created, in_backoff, held = converge(r, job, observed, pods=pods,
                                                   finishing=finishing, network=network,
                                                   now=now)
     recovered = _recovery(r, observed, counts, now) if terminal is None else None

@@ -239,13 +239,18 @@ def test_evicted_the_pods_stop_uncounted_and_the_quota_goes_once_none_is_left() 
     kplan(w, workload(*ADMITTED, workers=2))
     evicted = workload(*ADMITTED, cond("Evicted", True, "Preempted", "for b"), workers=2)
     p = kplan(w, evicted)
-    assert sorted(p.delete_pods) == ["demo-rdzv", "demo-worker-0-0", "demo-worker-1-0"]
+    # The workers stop first, through their store (their stop's save), which goes after them.
+    assert sorted(p.delete_pods) == ["demo-worker-0-0", "demo-worker-1-0"]
     assert p.workload.status is None  # pods still there: the quota stays reserved
     assert w.status["phase"] == "Queued" and w.status["queue"]["state"] == "Evicted"
     assert any(e.reason == c.EVICTED_BY_KUEUE for e in p.events)
-    for name in list(w.pods):
+    for name in w.workers(live=False):
         w.release(name)
         w.pods.pop(name, None)
+    p = kplan(w, evicted, now=T0 + timedelta(seconds=4))
+    assert p.delete_pods == ("demo-rdzv",)  # the workers gone: now their store
+    assert p.workload.status is None  # still a pod of the job: the quota stays reserved
+    w.pods.pop("demo-rdzv", None)
     p = kplan(w, evicted, now=T0 + timedelta(seconds=5))
     patch = p.workload.status
     assert patch is not None and patch["status"]["admission"] is None

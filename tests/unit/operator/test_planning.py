@@ -273,7 +273,14 @@ def test_suspend_deletes_workers_and_resume_recreates() -> None:
     w.job["spec"]["suspend"] = True
     p = w.reconcile(T0 + timedelta(seconds=50))
     assert w.status["phase"] == "Suspended" and w.workers() == []
-    assert "demo-rdzv" in p.delete_pods and "startTime" not in w.status
+    assert "startTime" not in w.status
+    # The store stays while the workers stop (their stop's save goes through it), then goes.
+    assert "demo-rdzv" not in p.delete_pods
+    for name in w.workers(live=False):
+        w.release(name)
+        w.pods.pop(name, None)
+    p = w.reconcile(T0 + timedelta(seconds=51))
+    assert "demo-rdzv" in p.delete_pods
     assert (w.status["restarts"], w.status["preemptions"]) == (0, 0)
     w.job["spec"]["suspend"] = False
     p = w.reconcile(T0 + timedelta(seconds=500))
