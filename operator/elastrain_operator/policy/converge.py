@@ -120,5 +120,7 @@ def ensure_slots(r: Round, pods: int) -> None:
 
 
 def _workers_run(observed: Observed) -> bool:
-    """A worker pod of the job still runs (or may: pending), deleted or not."""
-    return any(classify_pod_exit(p) in (Exit.RUNNING, Exit.PENDING) for p in observed.workers)
+    """A worker pod of the job still runs (or may: pending), deleted or not: a pod being
+    deleted runs its trainer's stop until its container ends (classify_pod_exit calls it
+    preempted as soon as it is deleted)."""
+    return any(p.phase not in ("Succeeded", "Failed") for p in observed.workers)

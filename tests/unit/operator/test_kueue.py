@@ -4,6 +4,7 @@ and what it writes back to the Workload."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from elastrain_operator.render.workload import (
     render_workload,
     workload_name,
 )
-from tests.unit.operator.test_planning import T0, World
+from tests.unit.operator.test_planning import T0, World, terminating
 
 Manifest = dict[str, Any]
 QUEUE = "kueue.x-k8s.io/queue-name"
@@ -238,12 +239,16 @@ def test_evicted_the_pods_stop_uncounted_and_the_quota_goes_once_none_is_left() 
     w.run_all()
     kplan(w, workload(*ADMITTED, workers=2))
     evicted = workload(*ADMITTED, cond("Evicted", True, "Preempted", "for b"), workers=2)
+    running = {n: copy.deepcopy(w.pods[n]) for n in w.workers()}
     p = kplan(w, evicted)
     # The workers stop first, through their store (their stop's save), which goes after them.
     assert sorted(p.delete_pods) == ["demo-worker-0-0", "demo-worker-1-0"]
     assert p.workload.status is None  # pods still there: the quota stays reserved
     assert w.status["phase"] == "Queued" and w.status["queue"]["state"] == "Evicted"
     assert any(e.reason == c.EVICTED_BY_KUEUE for e in p.events)
+    terminating(w, running)  # their kubelet has not stopped them yet: the store stays
+    p = kplan(w, evicted, now=T0 + timedelta(seconds=2))
+    assert "demo-rdzv" not in p.delete_pods
     for name in w.workers(live=False):
         w.release(name)
         w.pods.pop(name, None)

@@ -268,13 +268,27 @@ def test_pending_extra_workers_do_not_block_running() -> None:
     assert "Insufficient cpu" in cond["message"]
 
 
+def terminating(w: World, pods: dict[str, Any]) -> None:
+    """`pods` (worker pods as they were) deleted but still running their containers, as a
+    kubelet keeps them until the containers exit (the World drops a deleted pod as soon as
+    its finalizers are gone)."""
+    for name, pod in pods.items():
+        meta = {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:50Z",
+                "finalizers": []}
+        w.pods[name] = {**copy.deepcopy(pod), "metadata": meta}
+
+
 def test_suspend_deletes_workers_and_resume_recreates() -> None:
     w = started(activeDeadlineSeconds=100)
     w.job["spec"]["suspend"] = True
+    running = {n: copy.deepcopy(w.pods[n]) for n in w.workers()}
     p = w.reconcile(T0 + timedelta(seconds=50))
     assert w.status["phase"] == "Suspended" and w.workers() == []
     assert "startTime" not in w.status
     # The store stays while the workers stop (their stop's save goes through it), then goes.
+    assert "demo-rdzv" not in p.delete_pods
+    terminating(w, running)  # their kubelet has not stopped them yet: they still run
+    p = w.reconcile(T0 + timedelta(seconds=50.5))
     assert "demo-rdzv" not in p.delete_pods
     for name in w.workers(live=False):
         w.release(name)
