@@ -114,6 +114,10 @@ bench-operator: venv build-deps  ## the operator at scale: 1000 jobs x 4 workers
 bench-recovery-node: venv build-deps  ## recovery on the real node, Restart vs InProcess mode: worker pods evicted and SIGKILLed one at a time, p50/max per mode and the ratio (root; 7 min here with the images cached)
 	$(BIN)/python bench/recovery_node.py $(BENCH_ARGS)
 
+.PHONY: bench-kueue-node
+bench-kueue-node: venv build-deps  ## Kueue preemption on the real node: eviction -> quota free, steps lost vs a plain suspend's, back to training (root; ~15 min here with the images cached)
+	$(BIN)/python bench/kueue_node.py $(BENCH_ARGS)
+
 TORCHFT_PYTHON ?= /tmp/tfv/bin/python
 .PHONY: bench-inprocess
 bench-inprocess: venv  ## in-process regroup + peer state transfer vs torchft (TORCHFT_PYTHON, a venv of its own) vs the restart path (~7 min here)

@@ -45,6 +45,8 @@ CREDENTIALS_SECRET = "checkpoint-s3"
 
 
 HARNESS_TESTS = "test_harness_node.py"  # bring their own node: before the session `node`
+# Starts Kueue and restarts the operator so that it follows Kueue: after every other test.
+KUEUE_TESTS = "test_kueue.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -53,7 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
     # Only one real node may run on a machine, and the session fixture keeps its node up to the
     # end: the tests that start and stop nodes of their own must run before any other takes it.
-    items.sort(key=lambda item: Path(str(item.fspath)).name != HARNESS_TESTS)
+    def place(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).name
+        return 0 if name == HARNESS_TESTS else 2 if name == KUEUE_TESTS else 1
+    items.sort(key=place)
 
 
 @dataclass(frozen=True)
