@@ -120,7 +120,12 @@ def render_config(*, webhook_port: int, health_port: int, metrics_port: int,
                          "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
         # The visibility API is an aggregated apiserver on a fixed port (8082) that needs an
         # APIService; nothing here reads it, and two pytest workers would fight over the port.
-        "featureGates": {"VisibilityOnDemand": False},
+        # Workload slices (alpha in 0.17, off by default) on, so both ways a job grows are
+        # tested against one manager: by slices (the operator's ELASTRAIN_KUEUE_SLICES) and by
+        # an extra Workload. The gate changes nothing for a Workload that names no slice it
+        # replaces and whose counts never drop (its uses in v0.17.0: the scheduler's slice
+        # replacement, the Workload webhook's count decrease, a requeue after one).
+        "featureGates": {"VisibilityOnDemand": False, "ElasticJobsViaWorkloadSlices": True},
     }
 
 

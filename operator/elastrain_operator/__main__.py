@@ -80,7 +80,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m elastrain_
         clusterwide=clusterwide, namespaces=list(args.namespace),
         metrics_port=args.metrics_port, peering_lifetime_seconds=args.peering_lifetime,
         network=network, notice_taints=notice_taints, notices_off=notices_off,
-        kueue_served=kueue, kueue_yield=kueue_yield)
+        kueue_served=kueue, kueue_yield=kueue_yield,
+        kueue_slices=kueue and _kueue_slices_on(os.environ))
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("elastrain_operator").setLevel(
         logging.DEBUG if args.verbose else logging.INFO)
@@ -107,6 +108,13 @@ def _kueue_yield_on(env: os._Environ[str] | dict[str, str]) -> bool:
     """The chart's kueue.yieldQuota (ELASTRAIN_KUEUE_YIELD, default true): false keeps every
     admitted worker however urgent a Workload waits (policy.kueue_yield)."""
     return env.get("ELASTRAIN_KUEUE_YIELD", "true").strip().lower() != "false"
+
+
+def _kueue_slices_on(env: os._Environ[str] | dict[str, str]) -> bool:
+    """The chart's kueue.workloadSlices (ELASTRAIN_KUEUE_SLICES, default false): true where
+    Kueue's ElasticJobsViaWorkloadSlices gate is on, so a job grows by slices of its Workload
+    (policy.kueue_slices) rather than by an extra Workload (policy.kueue_grow)."""
+    return env.get("ELASTRAIN_KUEUE_SLICES", "false").strip().lower() == "true"
 
 
 def _kueue_served() -> bool:

@@ -54,6 +54,7 @@ from elastrain_operator.model.names import LABEL_ROLE, ROLE_WORKER
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus
 from elastrain_operator.policy.kueue_grow import ExtraWrite
+from elastrain_operator.policy.kueue_slices import SliceWrite
 from elastrain_operator.policy.planning import Plan, plan
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.round import Observed
@@ -120,7 +121,8 @@ def has_work(p: Plan, job: TrainingJob, orphans: tuple[str, ...]) -> bool:
                 or p.release_pods or p.delete_job or p.events or orphans
                 or p.create_workload or p.workload.status or p.workload.spec
                 or p.workload.unfinalize
-                or p.workload.label_queue or p.workload.extra != ExtraWrite())
+                or p.workload.label_queue or p.workload.extra != ExtraWrite()
+                or p.workload.slices != SliceWrite())
 
 
 def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options]:
@@ -299,6 +301,14 @@ def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -
         patch_workload_status(kube, more, extra.status)
     elif more is not None and extra.delete:
         delete_workload(kube, more)
+    slices = p.workload.slices
+    if slices.create is not None:
+        create_workload(kube, slices.create)
+    for old in slices.release:  # before a delete: each is guarded by the version read
+        release_workload(kube, old)
+    for old in slices.delete:
+        if old not in slices.release:
+            delete_workload(kube, old)
 
 
 def _report_unparseable(kube: Kube, raw: Manifest, err: ValidationError, now: datetime) -> None:

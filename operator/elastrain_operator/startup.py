@@ -62,6 +62,7 @@ class RuntimeOptions:
     notices_off: str = ""  # why they are off though asked for (no right to read nodes)
     kueue_served: bool = False  # the apiserver serves Kueue's v1beta2 API (k8s.kueue)
     kueue_yield: bool = False  # shrink to yield (policy.kueue_yield)
+    kueue_slices: bool = False  # grow through workload slices (policy.kueue_slices)
 
 
 @dataclass
@@ -159,7 +160,8 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if options.notice_taints is not None:
         state.notices = NodeNotices(options.notice_taints)
     state.notices_off = options.notices_off
-    state.kueue = KueueState(served=options.kueue_served, yielding=options.kueue_yield)
+    state.kueue = KueueState(served=options.kueue_served, yielding=options.kueue_yield,
+                             slices=options.kueue_slices)
     if options.network.enabled and options.network.peers.operator is None:
         log.warning("ELASTRAIN_NETWORK_POLICY_OPERATOR_PEER is unset: each job's NetworkPolicy "
                     "leaves the workers' metrics/progress port open to every pod")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from elastrain_operator.k8s.cache import Key
@@ -21,6 +22,7 @@ from elastrain_operator.k8s.kueue_quota import pod_requests, waiting_of
 from elastrain_operator.model.spec import API_VERSION as JOB_VERSION
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.kueue import DEFAULT_QUEUE, KueueView, queue_of
+from elastrain_operator.policy.kueue_slices import chain
 from elastrain_operator.policy.kueue_yield import Waiting
 from elastrain_operator.render.workload import (
     KUEUE_API,
@@ -31,7 +33,6 @@ from elastrain_operator.render.workload import (
     Priority,
     extra_workload_name,
     render_pod_sets,
-    workload_name,
 )
 
 GROUP, VERSION = KUEUE_API.split("/")
@@ -70,9 +71,11 @@ def _job_key(obj: Manifest) -> Key | None:
 class KueueState:
     """Thread-safe: the watches write, reconcile rounds read."""
 
-    def __init__(self, served: bool = True, yielding: bool = False) -> None:
+    def __init__(self, served: bool = True, yielding: bool = False,
+                 slices: bool = False) -> None:
         self.served = served
         self.yielding = yielding  # the chart's kueue.yieldQuota (policy.kueue_yield)
+        self.slices = slices  # the chart's kueue.workloadSlices (policy.kueue_slices)
         self._lock = threading.Lock()
         self._workloads: dict[Key, dict[str, Manifest]] = {}  # job key -> name -> Workload
         self._default_queues: set[str] = set()  # namespaces with a LocalQueue `default`
@@ -161,15 +164,12 @@ class KueueState:
 
     # ------------------------------------------------------------------ the reconcile side
 
-    def workload_of(self, job: TrainingJob, name: str | None = None) -> Manifest | None:
-        """The job's Workload (or its extra one, by `name`): controlled by this very job (by
-        uid)."""
+    def workloads_of(self, job: TrainingJob) -> list[Manifest]:
+        """The job's Workloads: those controlled by this very job (by uid)."""
         key = (job.metadata.namespace, job.metadata.name)
-        name = name or workload_name(job)
         with self._lock:
-            wl = self._workloads.get(key, {}).get(name)
-        return wl if wl is not None and (_owner(wl) or ("", ""))[1] == job.metadata.uid \
-            else None
+            found = list(self._workloads.get(key, {}).values())
+        return [wl for wl in found if (_owner(wl) or ("", ""))[1] == job.metadata.uid]
 
     def orphans(self, key: Key) -> list[Manifest]:
         """Workloads of a job that is gone, still holding the finalizer we put there."""
@@ -187,13 +187,17 @@ class KueueState:
             return None
         if not self.served:
             return KueueView(queue=queue, served=False)
-        workload = self.workload_of(job)
+        mine = self.workloads_of(job)
+        more = extra_workload_name(job)
+        extra = next((wl for wl in mine if wl["metadata"].get("name") == more), None)
+        found = chain([wl for wl in mine if wl is not extra], datetime.now(UTC))
+        workload = found.main
         priority = read_priority(kube, job) if workload is None and kube is not None else None
-        extra = self.workload_of(job, extra_workload_name(job))
-        flavors = {**self._flavors_of(kube, workload), **self._flavors_of(kube, extra)}
+        flavors = {**self._flavors_of(kube, workload), **self._flavors_of(kube, extra),
+                   **self._flavors_of(kube, found.handover)}
         view = KueueView(queue=queue, workload=workload, extra=extra, flavors=flavors,
-                         priority=priority)
-        cluster_queue = _admitted_in(workload) if self.yielding else None
+                         priority=priority, slices=self.slices, chain=found)
+        cluster_queue = _admitted_in(workload or found.handover) if self.yielding else None
         if not cluster_queue:
             return view
         with self._lock:

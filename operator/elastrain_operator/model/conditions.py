@@ -25,6 +25,7 @@ QUEUED: Final = "Queued"                               # waiting in a Kueue Loca
 ADMITTED_BY_KUEUE: Final = "AdmittedByKueue"           # the Workload is admitted: pods may run
 EVICTED_BY_KUEUE: Final = "EvictedByKueue"             # Kueue took the quota back: save, stop
 QUOTA_RELEASED: Final = "QuotaReleased"                # the pods are gone; Kueue has the quota
+GROWING_BY_SLICE: Final = "GrowingBySlice"  # a Workload slice asks Kueue for the rest
 YIELDED_QUOTA: Final = "YieldedQuota"  # workers given back to a more urgent Workload waiting
 KUEUE_NOT_SERVED: Final = "KueueNotServed"             # a queue is named but no Kueue API runs
 PODS_GATED: Final = "PodsGatedByKueue"                 # Kueue's pod integration gates our pods

@@ -40,6 +40,7 @@ from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import Phase, QueueState, QueueStatus, TrainingJobStatus
 from elastrain_operator.policy.failures import WorkerPod
 from elastrain_operator.policy.kueue_grow import ExtraWrite, extra_workers, extra_write
+from elastrain_operator.policy.kueue_slices import Chain, SliceWrite, slice_write
 from elastrain_operator.policy.kueue_yield import Waiting, Yield, decide_yield
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.policy.workload_conditions import (
@@ -92,6 +93,8 @@ class KueueView:
     # worker pod asks for.
     yielding: bool = False
     extra: Manifest | None = None  # the job's extra Workload (policy.kueue_grow), if any
+    slices: bool = False  # grow through workload slices (policy.kueue_slices), not `extra`
+    chain: Chain = field(default_factory=lambda: Chain(None))  # its slices (workload: main)
     waiting: tuple[Waiting, ...] = ()
     within_cluster_queue: str | None = None
     per_worker: Mapping[str, Decimal] = field(default_factory=dict)
@@ -128,7 +131,7 @@ def queue_of(job: TrainingJob, default_queue: bool) -> str | None:
 
 def derive_gate(job: TrainingJob, view: KueueView) -> Gate:
     """Where the Workload stands, as the job acts on it."""
-    name = workload_name(job)
+    name = _name(job, view)
     if not view.served:
         return Gate("Queued", False, c.KUEUE_NOT_SERVED,
                     f"the job names LocalQueue {view.queue!r} but this cluster serves no "
@@ -139,6 +142,8 @@ def derive_gate(job: TrainingJob, view: KueueView) -> Gate:
         return Gate("Creating", False, c.QUEUED,
                     f"creating Workload {name} in LocalQueue {view.queue}")
     conds = conditions_of(wl)
+    if view.chain.handover is not None:  # Kueue is admitting the slice that replaces it
+        return _admitted(job, view, view.chain.handover, handover=True)
     if is_true(conds, "Finished"):
         return Gate("Finished", False, c.QUEUED,
                     f"Workload {name} is finished: {conds['Finished'].get('message', '')}")
@@ -183,15 +188,26 @@ def _placements(view: KueueView, wl: Manifest) -> tuple[dict[str, Placement], li
     return placement, unknown
 
 
-def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
+def _name(job: TrainingJob, view: KueueView) -> str:
+    """The job's Workload's name: the first slice's until there is one."""
+    if view.workload is not None:
+        return str(view.workload["metadata"].get("name"))
+    return workload_name(job)
+
+
+def _admitted(job: TrainingJob, view: KueueView, wl: Manifest, *,
+              handover: bool = False) -> Gate:
     admission = (wl.get("status") or {}).get("admission") or {}
     assignments = {str(a.get("name")): a for a in admission.get("podSetAssignments") or []}
     placement, unknown = _placements(view, wl)
     count = (assignments.get(WORKERS) or {}).get("count")
     admitted = int(count) if count is not None else job.spec.desired_workers
-    # Given back during this admission (status.queue, reset whenever the job is not admitted).
+    # Given back during this admission (status.queue, reset whenever the job is not admitted,
+    # and by a slice that replaces it).
     was = job.status.queue
-    yielded = was.yielded_workers if was is not None and was.state == "Admitted" else 0
+    here = str(wl["metadata"].get("name"))
+    yielded = was.yielded_workers if was is not None and was.state == "Admitted" \
+        and was.workload in (here, "") else 0
     yielded = min(yielded, max(admitted - 1, 0))
     queue = str(admission.get("clusterQueue") or "")
     message = f"admitted by ClusterQueue {queue} for {admitted} workers"
@@ -203,6 +219,12 @@ def _admitted(job: TrainingJob, view: KueueView, wl: Manifest) -> Gate:
         found, missing = _placements(view, view.extra)
         extra_placement, unknown = found.get(WORKERS, Placement()), unknown + missing
         message += f", and {grown} more by Workload {view.extra['metadata'].get('name')}"
+    if handover and view.workload is not None:
+        message += (f"; Workload slice {view.workload['metadata'].get('name')} replaces it "
+                    "and is being admitted")
+    elif view.chain.pending is not None:
+        message += (f"; Workload slice {view.chain.pending['metadata'].get('name')} asks for "
+                    f"{job.spec.desired_workers}")
     if unknown:
         message += f" (ResourceFlavors not found, their node labels not applied: {unknown})"
     return Gate("Admitted", True, c.ADMITTED_BY_KUEUE, message,
@@ -233,7 +255,9 @@ def gated_pods(workers: Sequence[WorkerPod]) -> list[str]:
 
 def queue_status(job: TrainingJob, view: KueueView, gate: Gate) -> QueueStatus:
     was = job.status.queue
-    return QueueStatus(name=view.queue, workload=workload_name(job), state=gate.state,
+    name = str(view.chain.handover["metadata"].get("name")) \
+        if view.chain.handover is not None else _name(job, view)
+    return QueueStatus(name=view.queue, workload=name, state=gate.state,
                        cluster_queue=gate.cluster_queue, admitted_workers=gate.workers,
                        yielded_workers=gate.yielded,
                        yielded_at=was.yielded_at if was is not None and gate.yielded else None,
@@ -253,7 +277,8 @@ def yield_now(job: TrainingJob, view: KueueView, gate: Gate, phase: Phase,
               now: datetime) -> Yield | None:
     """Workers to give back this round (policy.kueue_yield), for a job that trains admitted."""
     if not view.yielding or gate.state != "Admitted" or gate.workers is None \
-            or phase != "Running" or view.workload is None or gate.grown:
+            or phase != "Running" or view.workload is None or gate.grown \
+            or view.chain.handover is not None:
         return None  # (not while an extra Workload's workers run: those would leave first)
     was = job.status.queue
     return decide_yield(
@@ -299,6 +324,7 @@ class WorkloadWrite:
     # pods' owner managed (with EXTERNAL_FRAMEWORK registered) and leaves them alone.
     label_queue: str | None = None
     extra: ExtraWrite = field(default_factory=ExtraWrite)  # the extra Workload's (kueue_grow)
+    slices: SliceWrite = field(default_factory=SliceWrite)  # the slices' (kueue_slices)
 
 
 def _reclaimable(wl: Manifest, gate: Gate, leaving: int) -> list[Manifest] | None:
@@ -321,7 +347,8 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
     """What this round writes to the Workload, if anything. `leaving`: worker pods beyond
     those the job now runs (and its spares), still there."""
     wl = view.workload
-    if wl is None:
+    if wl is None or view.chain.handover is not None:
+        # (During a handover the Workload is the slice Kueue is admitting: left to Kueue.)
         label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
         return WorkloadWrite(label_queue=label)
     meta = wl.get("metadata") or {}
@@ -442,11 +469,15 @@ def kueue_status(status: TrainingJobStatus, job: TrainingJob, view: KueueView, g
     write = workload_write(job, view, gate, pods_left=bool(workers) or store,
                            ready_workers=ready_workers, phase=status.phase, now=now,
                            leaving=leaving)
-    extra = extra_write(job, view.workload, view.extra, admitted=gate.state == "Admitted",
+    admitted = gate.state == "Admitted" and view.chain.handover is None
+    # With slices the job grows by them, not by an extra Workload (one left is let go).
+    extra = extra_write(job, view.workload, view.extra, admitted=admitted and not view.slices,
                         base=gate.base, workers=workers, phase=status.phase,
                         ready_workers=ready_workers, now=now)
-    # One event a round: the yield's, the job's Workload's, else the extra one's.
+    slices = slice_write(job, view.chain, slices=view.slices, admitted=admitted,
+                         base=gate.base, phase=status.phase)
+    # One event a round: the yield's, the job's Workload's, else the extra one's or a slice's.
     event = (EventSpec("Normal", c.YIELDED_QUOTA, yielding.message) if yielding is not None
-             else write.event or extra.event)
-    write = dataclasses.replace(write, event=event, extra=extra)
+             else write.event or extra.event or slices.event)
+    write = dataclasses.replace(write, event=event, extra=extra, slices=slices)
     return status, create, write

@@ -43,6 +43,12 @@ WORKERS: Final = "workers"
 SPARES: Final = "spares"
 STORE: Final = "store"
 POD_SETS: Final = (WORKERS, SPARES, STORE)
+# Workload slices (Kueue's ElasticJobsViaWorkloadSlices gate, policy.kueue_slices): a slice names
+# the admitted Workload it is to replace ("<namespace>/<name>"); Kueue's scheduler admits it in
+# the quota of both and finishes the old one with reason SLICE_REPLACED.
+REPLACEMENT_FOR: Final = "kueue.x-k8s.io/workload-slice-replacement-for"
+SLICE_REPLACED: Final = "WorkloadSliceReplaced"
+SLICE_INDEX: Final = "elastrain.dev/workload-slice"  # 1 for the job's first Workload
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,42 @@ def render_workload(job: TrainingJob, queue: str, priority: Priority | None) -> 
         "namespace": job.metadata.namespace,
         "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
         "annotations": annotations,
+        "finalizers": [RESOURCE_IN_USE],
+        "ownerReferences": [owner_reference(job)],
+    }}
+
+
+def slice_index(workload: Manifest) -> int:
+    """Where a Workload stands in the job's chain of slices: 1 for the first."""
+    notes = (workload.get("metadata") or {}).get("annotations") or {}
+    try:
+        return int(notes.get(SLICE_INDEX, "1"))
+    except ValueError:
+        return 1
+
+
+def render_slice(job: TrainingJob, current: Manifest, floor: int) -> Manifest:
+    """The Workload slice that asks to grow the admitted `current` one to the desired workers
+    (policy.kueue_slices): the job's own pod sets, admitted from `floor` workers up (partial
+    admission; below it nothing would grow), its LocalQueue and priority."""
+    spec = current.get("spec") or {}
+    pod_sets = render_pod_sets(job)
+    workers = pod_sets[0]
+    workers.pop("minCount", None)
+    if floor < workers["count"]:
+        workers["minCount"] = floor
+    body: Manifest = {"queueName": spec.get("queueName"), "podSets": pod_sets}
+    for key in ("priorityClassRef", "priority"):
+        if key in spec:
+            body[key] = spec[key]
+    meta = current.get("metadata") or {}
+    index = slice_index(current) + 1
+    return {"apiVersion": KUEUE_API, "kind": "Workload", "spec": body, "metadata": {
+        "name": f"{workload_name(job)}-{index}",
+        "namespace": job.metadata.namespace,
+        "labels": {LABEL_JOB: job.metadata.name, JOB_UID_LABEL: job.metadata.uid},
+        "annotations": {POD_SETS_HASH: pod_sets_hash(pod_sets), SLICE_INDEX: str(index),
+                        REPLACEMENT_FOR: f"{meta.get('namespace')}/{meta.get('name')}"},
         "finalizers": [RESOURCE_IN_USE],
         "ownerReferences": [owner_reference(job)],
     }}

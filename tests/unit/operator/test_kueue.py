@@ -61,7 +61,7 @@ def workload(*conds: Manifest, workers: int | None = None, flavor: str = "spot",
             {"name": "workers", "count": workers, "flavors": {"cpu": flavor}},
             {"name": "store", "count": 1, "flavors": {"cpu": flavor}}]}
     status.update(extra)
-    return {"metadata": {"name": "wl", "namespace": "ml", "resourceVersion": "7",
+    return {"metadata": {"name": workload_name(job()), "namespace": "ml", "resourceVersion": "7",
                          "generation": 1, "finalizers": ["kueue.x-k8s.io/resource-in-use"]},
             "spec": {"queueName": "team"}, "status": status}
 
