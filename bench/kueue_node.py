@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,6 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import report  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     create_job_namespace,
     install_operator,
@@ -161,15 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             queues.delete(node)
             yielded = measure_yield(node, workdir / "logs-yield")
     result = {"bench": "kueue_node", "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-              "machine": {"cpus": len(os.sched_getaffinity(0)),
-                          "kernel": platform.release(), "python": platform.python_version()},
+              "machine": report.machine(),
               "wall_s": round(time.time() - started, 1), "interval_steps": args.interval_steps,
               "summary": {**summarize(rows), **yielded}, "events": rows}
-    print(json.dumps(result["summary"], indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"logs: {workdir}", file=sys.stderr)
-    return 0
+    return report.write(args.out, result, result["summary"], workdir)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import report
 from s3_target import _hack_cluster
 
 from elastrain_operator.k8s.client import Kube, Manifest, load_api_client, namespaced
@@ -479,11 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         Operator.stop_all()
         cluster.down(workdir / "cluster")
-    print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"logs: {workdir}", file=sys.stderr)
-    return 0
+    return report.write(args.out, result, result, workdir)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -59,6 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import report  # noqa: E402
 from bench.goodput import recovery_phases  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     NodeCluster,
@@ -317,15 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             rows += mode_rows
             joins += mode_joins
     result = {"bench": "recovery_node", "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-              "machine": {"cpus": len(os.sched_getaffinity(0)),
-                          "kernel": platform.release(), "python": platform.python_version()},
+              "machine": report.machine(),
               "wall_s": round(time.time() - started, 1), "events_per_mode_and_kind": args.events,
               "summary": summarize(rows, joins), "events": rows, "joins": joins}
-    print(json.dumps(result["summary"], indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"logs: {workdir}", file=sys.stderr)
-    return 0
+    return report.write(args.out, result, result["summary"], workdir)
 
 
 if __name__ == "__main__":

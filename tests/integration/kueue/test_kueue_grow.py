@@ -14,18 +14,16 @@ import pytest
 from elastrain_operator.k8s.client import namespaced
 from tests.integration.kueue.fixtures import (
     KUEUE,
-    QUEUE_LABEL,
     KueueQueues,
     admitted,
     condition,
     make_workload,
     wait_for,
 )
-from tests.integration.kueue.jobs import STARTED, create_job, workload_of
+from tests.integration.kueue.jobs import below_its_size, raise_quota, workload_of
 from tests.integration.operator.conftest import Cluster, Operator
 
 pytestmark = pytest.mark.cluster
-PRIORITY = "kueue.x-k8s.io/priority-class"
 Manifest = dict[str, Any]
 
 
@@ -36,16 +34,7 @@ def extra_of(kq: KueueQueues) -> Manifest | None:
 def test_a_job_admitted_below_its_size_grows_by_an_extra_workload_preempted_on_its_own(
         kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
     kq = kueue_queues
-    low = kq.make_priority_class("low", 100)
-    high = kq.make_priority_class("high", 1000)
-    # 2 workers of 500m and the store's 50m fit; a third does not (partial admission).
-    queue = kq.make_queue(cpu="1100m", memory="8Gi",
-                          preemption={"withinClusterQueue": "LowerPriority"})
-    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, PRIORITY: low},
-               replicas=3, minReplicas=1)
-    first = ["demo-worker-0-0", "demo-worker-1-0"]
-    kcluster.wait_workers(first, timeout=STARTED)
-    kcluster.run_all("demo")
+    queue, high, first = below_its_size(kq, kcluster)
     extra = wait_for("the extra Workload, waiting", lambda: (e := extra_of(kq)) and condition(
         e, "QuotaReserved") and e, timeout=60)
     assert [(s["name"], s["count"]) for s in extra["spec"]["podSets"]] == [("workers", 1)]
@@ -53,13 +42,7 @@ def test_a_job_admitted_below_its_size_grows_by_an_extra_workload_preempted_on_i
     uids = {n: p["metadata"]["uid"] for n, p in kcluster.pods("demo").items()}
 
     # More quota: Kueue admits the extra Workload and the job grows to 3, the two it had kept.
-    cq = next(p for p in kq.created if "/clusterqueues/" in p)
-    current = kq.kube.get(cq)
-    assert current is not None
-    group = current["spec"]["resourceGroups"][0]
-    group["flavors"][0]["resources"] = [{"name": "cpu", "nominalQuota": "1600m"},
-                                        {"name": "memory", "nominalQuota": "8Gi"}]
-    kq.kube.request("PUT", cq, body=current)
+    raise_quota(kq, "1600m")
     kcluster.wait_workers([*first, "demo-worker-2-0"], timeout=60)
     assert {n: p["metadata"]["uid"] for n, p in kcluster.pods("demo").items()
             if n in first} == uids
