@@ -18,12 +18,12 @@ from typing import Any
 
 from elastrain_operator.k8s.cache import Key
 from elastrain_operator.k8s.client import Kube, KubeError, Manifest, namespaced
-from elastrain_operator.k8s.kueue_quota import pod_requests, waiting_of
+from elastrain_operator.k8s.kueue_quota import pod_requests, queue_terms, waiting_of
 from elastrain_operator.model.spec import API_VERSION as JOB_VERSION
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.policy.kueue import DEFAULT_QUEUE, KueueView, queue_of
 from elastrain_operator.policy.kueue_slices import chain
-from elastrain_operator.policy.kueue_yield import Waiting
+from elastrain_operator.policy.kueue_yield import Waiting, lends
 from elastrain_operator.render.workload import (
     KUEUE_API,
     PRIORITY_LABEL,
@@ -116,8 +116,13 @@ class KueueState:
             if entry is None or not self.yielding:
                 return []
             cluster_queue = self._local_queues.get(entry[0])
+            cohort = ((self._cluster_queues.get(cluster_queue or "") or {}).get("spec")
+                      or {}).get("cohortName")
+            near = {name for name, cq in self._cluster_queues.items()
+                    if cohort and (cq.get("spec") or {}).get("cohortName") == cohort}
+            near.add(cluster_queue or "")
             return [key for key, known in self._workloads.items()
-                    if any(_admitted_in(wl) == cluster_queue for wl in known.values())]
+                    if any(_admitted_in(wl) in near for wl in known.values())]
 
     def remove_workload(self, obj: Manifest) -> Key | None:
         key = _job_key(obj)
@@ -201,10 +206,17 @@ class KueueState:
         if not cluster_queue:
             return view
         with self._lock:
-            waiting = tuple(w for queue_key, w in self._waiting.values()
-                            if self._local_queues.get(queue_key) == cluster_queue)
-            policy = ((self._cluster_queues.get(cluster_queue) or {}).get("spec") or {}).get(
-                "preemption") or {}
+            queues = dict(self._cluster_queues)
+            entries = [(self._local_queues.get(queue_key), w)
+                       for queue_key, w in self._waiting.values()]
+        ours = queues.get(cluster_queue) or {}
+        policy = (ours.get("spec") or {}).get("preemption") or {}
+        terms = queue_terms(ours)
+        # Those of its own ClusterQueue, and those of the cohort that it may lend to.
+        waiting = tuple(w if cq == cluster_queue else dataclasses.replace(w, cohort=True)
+                        for cq, w in entries
+                        if cq == cluster_queue or (cq is not None and terms.cohort and lends(
+                            terms, queue_terms(queues.get(cq) or {}), w)))
         if not waiting:
             return view
         workers = next(p for p in render_pod_sets(job) if p["name"] == WORKERS)

@@ -12,7 +12,7 @@ from kubernetes.utils.quantity import (  # type: ignore[import-untyped]
     parse_quantity as _parse_quantity,
 )
 
-from elastrain_operator.policy.kueue_yield import Waiting
+from elastrain_operator.policy.kueue_yield import QueueTerms, Waiting
 
 Manifest = dict[str, Any]
 
@@ -72,3 +72,21 @@ def pod_requests(template: Manifest) -> dict[str, Decimal]:
     for key, value in (spec.get("overhead") or {}).items():
         total[key] = total.get(key, Decimal(0)) + quantity(value)
     return total
+
+
+def queue_terms(cluster_queue: Manifest) -> QueueTerms:
+    """A ClusterQueue's cohort, reclaim policy and lending and borrowing limits."""
+    spec = cluster_queue.get("spec") or {}
+    limits: dict[str, dict[tuple[str, str], Decimal]] = {"lendingLimit": {},
+                                                          "borrowingLimit": {}}
+    for group in spec.get("resourceGroups") or []:
+        for flavor in group.get("flavors") or []:
+            for resource in flavor.get("resources") or []:
+                for kind, table in limits.items():
+                    if resource.get(kind) is not None:
+                        table[(str(flavor.get("name")), str(resource.get("name")))] = \
+                            quantity(resource[kind])
+    return QueueTerms(cohort=spec.get("cohortName") or None,
+                      reclaim_within_cohort=(spec.get("preemption") or {}).get(
+                          "reclaimWithinCohort"),
+                      lending=limits["lendingLimit"], borrowing=limits["borrowingLimit"])

@@ -41,7 +41,7 @@ from elastrain_operator.model.status import Phase, QueueState, QueueStatus, Trai
 from elastrain_operator.policy.failures import WorkerPod
 from elastrain_operator.policy.kueue_grow import ExtraWrite, extra_workers, extra_write
 from elastrain_operator.policy.kueue_slices import Chain, SliceWrite, slice_write
-from elastrain_operator.policy.kueue_yield import Waiting, Yield, decide_yield
+from elastrain_operator.policy.kueue_yield import Waiting, Yield, decide_yield, outranked
 from elastrain_operator.policy.status import EventSpec, make_condition, set_condition
 from elastrain_operator.policy.workload_conditions import (
     condition,
@@ -385,18 +385,22 @@ def workload_write(job: TrainingJob, view: KueueView, gate: Gate, *, pods_left: 
     label = view.queue if job.metadata.labels.get(QUEUE_LABEL) != view.queue else None
     spec = None
     if phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp"):
-        spec = _spec_patch(job, wl, reserved=is_true(conds, "QuotaReserved"))
+        spec = _spec_patch(job, wl, reserved=is_true(conds, "QuotaReserved"),
+                           pods_left=pods_left)
     if spec:
         spec["metadata"].update(version)
     return WorkloadWrite(status=patch, spec=spec,
                          event=event, unfinalize=unfinalize, label_queue=label)
 
 
-def _spec_patch(job: TrainingJob, wl: Manifest, *, reserved: bool) -> Manifest | None:
+def _spec_patch(job: TrainingJob, wl: Manifest, *, reserved: bool,
+                pods_left: bool = False) -> Manifest | None:
     """What the Workload's spec is to become (a status patch cannot carry it):
 
-    - spec.active: false for a suspended job; true again once the job is resumed, for the
-      Workload we deactivated only (an administrator's deactivation stays);
+    - spec.active: false for a suspended job once no pod of it is left (Kueue stops counting
+      a deactivated Workload's quota at once, and the pods are inside it until they are gone);
+      true again once the job is resumed, for the Workload we deactivated only (an
+      administrator's deactivation stays);
     - spec.podSets: rendered again when the job's spec changed while the Workload holds no
       quota (Kueue refuses a change of a reserved Workload's pod sets: an admitted job runs at
       its admission until it is evicted and queued again)."""
@@ -405,7 +409,7 @@ def _spec_patch(job: TrainingJob, wl: Manifest, *, reserved: bool) -> Manifest |
     active = (wl.get("spec") or {}).get("active") is not False
     annotations: dict[str, str | None] = {}
     spec: Manifest = {}
-    if job.spec.suspend and active:
+    if job.spec.suspend and active and not pods_left:
         annotations[DEACTIVATED_BY] = SUSPEND
         spec["active"] = False
     elif not job.spec.suspend and not active and notes.get(DEACTIVATED_BY) == SUSPEND:
@@ -469,7 +473,9 @@ def kueue_status(status: TrainingJobStatus, job: TrainingJob, view: KueueView, g
     write = workload_write(job, view, gate, pods_left=bool(workers) or store,
                            ready_workers=ready_workers, phase=status.phase, now=now,
                            leaving=leaving)
-    admitted = gate.state == "Admitted" and view.chain.handover is None
+    admitted = gate.state == "Admitted" and view.chain.handover is None \
+        and not outranked(int(((view.workload or {}).get("spec") or {}).get("priority") or 0),
+                          view.waiting, worker_flavors(view.workload))
     # With slices the job grows by them, not by an extra Workload (one left is let go).
     extra = extra_write(job, view.workload, view.extra, admitted=admitted and not view.slices,
                         base=gate.base, workers=workers, phase=status.phase,

@@ -165,15 +165,15 @@ def test_deactivated_the_job_stops_unqueued_and_suspended_it_holds_no_quota(
     name = workload_of(kq, "demo")["metadata"]["name"]  # type: ignore[index]
     path = namespaced("kueue.x-k8s.io/v1beta2", kq.namespace, "workloads", name)
 
-    # An administrator deactivates the Workload: the job stops, the quota goes, no requeue.
+    # An administrator deactivates the Workload: the job stops, no requeue. (Kueue stops
+    # counting a deactivated Workload's quota at once, while the pods still stop.)
     kq.kube.patch(path, {"spec": {"active": False}})
     wait_for("the quota released", lambda: (w := kq.workload(name)) and
              condition(w, "Requeued") and not w["status"].get("admission") and w)
-    assert all_pods(kcluster, "demo") == {}
+    wait_for("no pod of the job left", lambda: all_pods(kcluster, "demo") == {})
     assert condition(kq.workload(name), "Requeued")["status"] == "False"  # type: ignore[index]
-    queued = wait_for("the job told why", lambda: (
-        q := kcluster.status("demo").get("queue") or {}) and "deactivated" in q["message"] and q)
-    assert queued["state"] == "Queued"
+    wait_for("the job told why", lambda: (q := kcluster.status("demo").get("queue") or {})
+             and q["state"] == "Queued" and "deactivated" in q["message"])
     assert kq.workload(name)["spec"]["active"] is False  # type: ignore[index]  # left so
 
     # Active again: admitted again, the pods come back.
@@ -181,8 +181,9 @@ def test_deactivated_the_job_stops_unqueued_and_suspended_it_holds_no_quota(
     kcluster.wait_workers(["demo-worker-0-1", "demo-worker-1-1"], timeout=60)
     kcluster.run_all("demo")
 
-    # The user suspends the job: the operator deactivates its Workload, so the quota it held
-    # is free for another Workload while the job is suspended.
+    # The user suspends the job: once its pods are gone the operator deactivates its Workload,
+    # so the quota it held is free for another Workload while the job is suspended (and not
+    # before: a deactivated Workload's quota is free at once).
     kcluster.kube.patch(kcluster.job_path("demo"), {"spec": {"suspend": True}})
     kq.create_workload(make_workload("other", queue=queue, cpu="1"))
     wait_for("the other Workload admitted in the quota the job held",

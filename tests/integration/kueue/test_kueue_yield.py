@@ -54,3 +54,33 @@ def test_a_job_above_its_minimum_gives_a_worker_back_to_a_more_urgent_workload(
     assert (status["phase"], status["preemptions"], status["restarts"]) == ("Running", 0, 0)
     (event,) = kcluster.events("YieldedQuota")
     assert "to Workload" in event["message"] and "urgent" in event["message"], event
+
+
+def test_a_job_gives_a_worker_back_to_a_more_urgent_workload_of_its_cohort(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    low = kq.make_priority_class("low", 100)
+    high = kq.make_priority_class("high", 1000)
+    # The job's ClusterQueue: 3 workers of 500m and the store's 50m fit, 50m is left. A sibling
+    # in its cohort with no quota of its own on that flavor and Kueue's default reclaim policy
+    # (Never): its Workload can only borrow what the job's queue leaves unused.
+    queue = kq.make_queue(cpu="1600m", memory="8Gi")
+    other = kq.make_queue(cpu="0", name="other", flavor_of="main")
+    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, PRIORITY: low},
+               replicas=3, minReplicas=1)
+    workers = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+    kcluster.wait_workers(workers, timeout=STARTED)
+    kcluster.run_all("demo")
+    wait_for("the job Running", lambda: kcluster.status("demo").get("phase") == "Running")
+
+    kq.create_workload(make_workload("urgent", queue=other, cpu="500m", priority=(high, 1000)))
+    wait_for("the urgent Workload admitted", lambda: admitted(kq.workload("urgent")),
+             timeout=90)
+    wl = workload_of(kq, "demo")
+    assert wl is not None and admitted(wl) and condition(wl, "Evicted") is None, wl
+    assert wl["status"]["reclaimablePods"] == [{"name": "workers", "count": 1}]
+    assert sorted(kcluster.worker_names("demo")) == workers[:2]
+    status = kcluster.status("demo")
+    assert (status["phase"], status["preemptions"], status["restarts"]) == ("Running", 0, 0)
+    (event,) = kcluster.events("YieldedQuota")
+    assert "in the cohort" in event["message"] and "urgent" in event["message"], event

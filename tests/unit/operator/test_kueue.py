@@ -396,3 +396,15 @@ def test_the_watches_keep_each_jobs_workload_the_default_queues_and_flavors() ->
     assert state.remove_workload(owned) == ("ml", "demo")
     assert state.view(None, j).workload is None  # type: ignore[union-attr]
     assert KueueState(served=False).view(None, j) == KueueView(queue="team", served=False)
+
+
+def test_a_suspended_job_deactivates_its_workload_only_once_its_pods_are_gone() -> None:
+    """Kueue stops counting a deactivated Workload's quota at once (v0.17.0's
+    HasActiveQuotaReservation): the pods, still saving, stay inside it until they are gone."""
+    suspended, resumed = job(suspend=True), job()
+    wl = current(resumed, workload(*ADMITTED, workers=2))
+    view = KueueView(queue="team", workload=wl)
+    write = workload_write(suspended, view, derive_gate(suspended, view), pods_left=True,
+                           ready_workers=0, phase="Suspended", now=T0)
+    assert write.spec is None
+    assert spec_write(suspended, wl)["spec"] == {"active": False}

@@ -10,10 +10,15 @@ from decimal import Decimal
 from typing import Any
 
 from elastrain_operator.k8s.kueue import KueueState
-from elastrain_operator.k8s.kueue_quota import pod_requests, shortfall, waiting_of
+from elastrain_operator.k8s.kueue_quota import pod_requests, queue_terms, shortfall, waiting_of
 from elastrain_operator.model import conditions as c
 from elastrain_operator.policy.kueue import KueueView
-from elastrain_operator.policy.kueue_yield import YIELD_INTERVAL_S, Waiting, decide_yield
+from elastrain_operator.policy.kueue_yield import (
+    YIELD_INTERVAL_S,
+    Waiting,
+    decide_yield,
+    lends,
+)
 from elastrain_operator.policy.planning import plan
 from elastrain_operator.render.workload import workload_name
 from tests.unit.operator.test_kueue import ADMITTED, FLAVORS, cond, queued_world, workload
@@ -81,6 +86,37 @@ def test_no_yield_where_kueue_preempts_to_a_lower_priority_too_soon_or_elsewhere
     # The most urgent first.
     y = decide(urgent(priority=500, name="a"), urgent(priority=900, name="b"))
     assert y is not None and y.to.name == "b"
+
+
+def cq(cohort: str | None = "team", reclaim: str | None = None,
+       **limits: str) -> Manifest:
+    """A ClusterQueue with `limits` (lendingLimit, borrowingLimit) on cpu of flavor spot."""
+    resource = {"name": "cpu", "nominalQuota": "2", **limits}
+    spec: Manifest = {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+        {"name": "spot", "resources": [resource]}]}]}
+    if cohort:
+        spec["cohortName"] = cohort
+    if reclaim:
+        spec["preemption"] = {"reclaimWithinCohort": reclaim}
+    return {"metadata": {"name": "q"}, "spec": spec}
+
+
+def test_in_the_cohort_only_where_kueue_would_not_reclaim_and_the_quota_can_reach_it() -> None:
+    w = urgent()  # lacks 300m of spot cpu
+    assert lends(queue_terms(cq()), queue_terms(cq()), w)
+    assert not lends(queue_terms(cq()), queue_terms(cq("other")), w)  # another cohort
+    assert not lends(queue_terms(cq(None)), queue_terms(cq(None)), w)  # no cohort
+    for policy in ("Any", "LowerPriority"):  # Kueue reclaims for it itself
+        assert not lends(queue_terms(cq()), queue_terms(cq(reclaim=policy)), w)
+    assert lends(queue_terms(cq()), queue_terms(cq(reclaim="Never")), w)
+    assert not lends(queue_terms(cq(lendingLimit="200m")), queue_terms(cq()), w)
+    assert not lends(queue_terms(cq()), queue_terms(cq(borrowingLimit="100m")), w)
+    assert lends(queue_terms(cq(lendingLimit="300m")), queue_terms(cq(borrowingLimit="1")), w)
+    # A cohort's Workload is yielded to even where Kueue preempts within the job's own queue.
+    sibling = replace(w, cohort=True)
+    y = decide(sibling, policy="LowerPriority")
+    assert y is not None and "to Workload in the cohort ml/urgent" in y.message
+    assert decide(w, policy="LowerPriority") is None
 
 
 def yplan(w: World, wl: Manifest, *, waiting: tuple[Waiting, ...] = (urgent(),),
@@ -159,9 +195,37 @@ def test_the_watches_find_the_jobs_a_waiting_workload_could_take_workers_from() 
     state.remove_workload(other)
     view = state.view(None, j)
     assert view is not None and view.waiting == ()
+    # A sibling ClusterQueue of its cohort, Kueue's default reclaim policy: its Workload too.
+    state.put_cluster_queue({"metadata": {"name": "cq"}, "spec": {
+        "cohortName": "org", "preemption": {"withinClusterQueue": "Never"}}})
+    state.put_cluster_queue({"metadata": {"name": "cq2"}, "spec": {"cohortName": "org"}})
+    state.put_local_queue({"metadata": {"name": "other", "namespace": "ml"},
+                           "spec": {"clusterQueue": "cq2"}})
+    sibling = {**other, "metadata": {"name": "s", "namespace": "ml"},
+               "spec": {"queueName": "other", "priority": 1000}}
+    state.put_workload(sibling)
+    assert state.jobs_waited_on(sibling) == [(j.metadata.namespace, j.metadata.name)]
+    view = state.view(None, j)
+    assert view is not None and [(w.name, w.cohort) for w in view.waiting] == [("s", True)]
+    state.put_cluster_queue({"metadata": {"name": "cq2"}, "spec": {
+        "cohortName": "org", "preemption": {"reclaimWithinCohort": "Any"}}})
+    assert state.view(None, j).waiting == ()  # type: ignore[union-attr]
     off = KueueState(yielding=False)
     off.put_workload(ours)
     off.put_workload(other)
     assert off.jobs_waited_on(other) == []
     view = off.view(None, j)
     assert view is not None and not view.yielding
+
+
+def test_no_growth_is_asked_for_while_a_more_urgent_workload_waits_for_its_flavor() -> None:
+    w = queued_world(replicas=3, minReplicas=1)
+    ours = workload(*ADMITTED, workers=2)
+    yplan(w, ours)
+    w.run_all()
+    # (It gives a worker back to it too: 2 running, min 1.)
+    held = yplan(w, ours, waiting=(urgent(),))
+    assert held.workload.extra.create is None
+    elsewhere = yplan(w, ours, waiting=(urgent({"cpu": ("on-demand", Decimal("0.3"))}),))
+    assert elsewhere.workload.extra.create is not None  # it waits for another flavor
+    assert yplan(w, ours, waiting=()).workload.extra.create is not None
