@@ -25,62 +25,58 @@ pytestmark = pytest.mark.cluster
 PRIORITY = "kueue.x-k8s.io/priority-class"
 
 
-def test_a_job_above_its_minimum_gives_a_worker_back_to_a_more_urgent_workload(
-        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
-    kq = kueue_queues
+WORKERS = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
+
+
+def at_full_size(kq: KueueQueues, kcluster: Cluster, *, sibling: bool = False) -> tuple[str, str]:
+    """A job of 3 workers (min 1) at a low priority running in a ClusterQueue with Kueue's
+    default policy (no preemption within it) and 50m left (3 workers of 500m and the store's
+    50m in 1600m). `sibling`: also a ClusterQueue in its cohort with no quota of its own on
+    that flavor (reclaimWithinCohort Never). (the LocalQueue for the urgent Workload, the
+    high priority class)"""
     low = kq.make_priority_class("low", 100)
     high = kq.make_priority_class("high", 1000)
-    # 3 workers of 500m and the store's 50m fit; 50m is left. Kueue's default policy: no
-    # preemption within the ClusterQueue.
     queue = kq.make_queue(cpu="1600m", memory="8Gi")
+    other = kq.make_queue(cpu="0", name="other", flavor_of="main") if sibling else queue
     create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, PRIORITY: low},
                replicas=3, minReplicas=1)
-    workers = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
-    kcluster.wait_workers(workers, timeout=STARTED)
+    kcluster.wait_workers(WORKERS, timeout=STARTED)
     kcluster.run_all("demo")
     wait_for("the job Running", lambda: kcluster.status("demo").get("phase") == "Running")
-
-    # Lacks 450m: one worker's 500m covers it.
-    kq.create_workload(make_workload("urgent", queue=queue, cpu="500m", priority=(high, 1000)))
-    wait_for("the urgent Workload admitted", lambda: admitted(kq.workload("urgent")),
-             timeout=90)
-    wl = workload_of(kq, "demo")
-    assert wl is not None and admitted(wl), wl
-    assert condition(wl, "Evicted") is None, wl
-    assert wl["status"]["reclaimablePods"] == [{"name": "workers", "count": 1}]
-    assert sorted(kcluster.worker_names("demo")) == workers[:2]
-    status = kcluster.status("demo")
-    assert (status["queue"]["admittedWorkers"], status["queue"]["yieldedWorkers"]) == (2, 1)
-    assert (status["phase"], status["preemptions"], status["restarts"]) == ("Running", 0, 0)
-    (event,) = kcluster.events("YieldedQuota")
-    assert "to Workload" in event["message"] and "urgent" in event["message"], event
+    return other, high
 
 
-def test_a_job_gives_a_worker_back_to_a_more_urgent_workload_of_its_cohort(
-        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
-    kq = kueue_queues
-    low = kq.make_priority_class("low", 100)
-    high = kq.make_priority_class("high", 1000)
-    # The job's ClusterQueue: 3 workers of 500m and the store's 50m fit, 50m is left. A sibling
-    # in its cohort with no quota of its own on that flavor and Kueue's default reclaim policy
-    # (Never): its Workload can only borrow what the job's queue leaves unused.
-    queue = kq.make_queue(cpu="1600m", memory="8Gi")
-    other = kq.make_queue(cpu="0", name="other", flavor_of="main")
-    create_job(kcluster, "demo", labels={QUEUE_LABEL: queue, PRIORITY: low},
-               replicas=3, minReplicas=1)
-    workers = ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-0"]
-    kcluster.wait_workers(workers, timeout=STARTED)
-    kcluster.run_all("demo")
-    wait_for("the job Running", lambda: kcluster.status("demo").get("phase") == "Running")
-
-    kq.create_workload(make_workload("urgent", queue=other, cpu="500m", priority=(high, 1000)))
+def gave_one_back(kq: KueueQueues, kcluster: Cluster) -> str:
+    """Once the urgent Workload is admitted: the job admitted, not evicted, one worker given
+    back and reported, nothing counted; its YieldedQuota event's message."""
     wait_for("the urgent Workload admitted", lambda: admitted(kq.workload("urgent")),
              timeout=90)
     wl = workload_of(kq, "demo")
     assert wl is not None and admitted(wl) and condition(wl, "Evicted") is None, wl
     assert wl["status"]["reclaimablePods"] == [{"name": "workers", "count": 1}]
-    assert sorted(kcluster.worker_names("demo")) == workers[:2]
+    assert sorted(kcluster.worker_names("demo")) == WORKERS[:2]
     status = kcluster.status("demo")
+    assert (status["queue"]["admittedWorkers"], status["queue"]["yieldedWorkers"]) == (2, 1)
     assert (status["phase"], status["preemptions"], status["restarts"]) == ("Running", 0, 0)
     (event,) = kcluster.events("YieldedQuota")
-    assert "in the cohort" in event["message"] and "urgent" in event["message"], event
+    return str(event["message"])
+
+
+def test_a_job_above_its_minimum_gives_a_worker_back_to_a_more_urgent_workload(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    queue, high = at_full_size(kq, kcluster)
+    # Lacks 450m: one worker's 500m covers it.
+    kq.create_workload(make_workload("urgent", queue=queue, cpu="500m", priority=(high, 1000)))
+    message = gave_one_back(kq, kcluster)
+    assert "to Workload" in message and "urgent" in message, message
+
+
+def test_a_job_gives_a_worker_back_to_a_more_urgent_workload_of_its_cohort(
+        kueue_queues: KueueQueues, kcluster: Cluster, kueue_operator: Operator) -> None:
+    kq = kueue_queues
+    # The urgent Workload waits in the sibling: it can only borrow what the job's queue leaves.
+    other, high = at_full_size(kq, kcluster, sibling=True)
+    kq.create_workload(make_workload("urgent", queue=other, cpu="500m", priority=(high, 1000)))
+    message = gave_one_back(kq, kcluster)
+    assert "in the cohort" in message and "urgent" in message, message
