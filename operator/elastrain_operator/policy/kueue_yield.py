@@ -24,7 +24,7 @@ cover what it lacks); otherwise a yield would shrink the job for nothing.
 Kueue lets reclaimablePods only grow while the quota is reserved, so the workers given back come
 back through the job's extra Workload (policy.kueue_grow) or a slice (policy.kueue_slices),
 admitted when quota frees, or with the job's next admission; neither is asked for while a more
-urgent Workload waits for the job's flavors (`outranked`). No yield while the extra
+urgent Workload of the cohort waits for the job's flavors (`outranked`). No yield while the extra
 Workload's workers run (they hold the indices above the job's own admission and would have to
 leave first).
 """
@@ -102,10 +102,12 @@ def decide_yield(*, priority: int, running: int, minimum: int, per_worker: Mappi
 
 
 def outranked(priority: int, waiting: Sequence[Waiting], flavors: Mapping[str, str]) -> bool:
-    """A more urgent Workload waits for quota of the flavors the job's workers hold: the job
-    does not ask to grow meanwhile (Kueue might give the quota to that request first: a
-    sibling ClusterQueue's Workload that must borrow comes after one that fits its own)."""
-    return any(w.priority > priority and w.short
+    """A more urgent Workload of the cohort waits for quota of the flavors the job's workers
+    hold: the job does not ask to grow meanwhile, since Kueue would give the quota to that
+    request first (a Workload that fits its own ClusterQueue comes before one that must
+    borrow). In the job's own ClusterQueue Kueue orders by priority, so a request to grow
+    waits behind it anyway, and keeps its place (an evicted extra Workload stays queued)."""
+    return any(w.cohort and w.priority > priority and w.short
                and all(flavors.get(r) == f for r, (f, _) in w.short.items()) for w in waiting)
 
 

@@ -218,14 +218,18 @@ def test_the_watches_find_the_jobs_a_waiting_workload_could_take_workers_from() 
     assert view is not None and not view.yielding
 
 
-def test_no_growth_is_asked_for_while_a_more_urgent_workload_waits_for_its_flavor() -> None:
+def test_no_growth_is_asked_for_while_a_more_urgent_workload_of_the_cohort_waits() -> None:
     w = queued_world(replicas=3, minReplicas=1)
     ours = workload(*ADMITTED, workers=2)
     yplan(w, ours)
     w.run_all()
+    sibling = replace(urgent(), cohort=True)
     # (It gives a worker back to it too: 2 running, min 1.)
-    held = yplan(w, ours, waiting=(urgent(),))
+    held = yplan(w, ours, waiting=(sibling,))
     assert held.workload.extra.create is None
-    elsewhere = yplan(w, ours, waiting=(urgent({"cpu": ("on-demand", Decimal("0.3"))}),))
+    elsewhere = yplan(w, ours, waiting=(
+        replace(sibling, short={"cpu": ("on-demand", Decimal("0.3"))}),))
     assert elsewhere.workload.extra.create is not None  # it waits for another flavor
+    # In the job's own ClusterQueue Kueue puts it first anyway: the request keeps its place.
+    assert yplan(w, ours, waiting=(urgent(),)).workload.extra.create is not None
     assert yplan(w, ours, waiting=()).workload.extra.create is not None
