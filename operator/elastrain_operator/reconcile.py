@@ -237,7 +237,8 @@ def _round(kube: Kube, raw: Manifest, job: TrainingJob, options: Options,
     if p.status != job.status:
         written = write_status(kube, raw, p.status)
         if options.cache is not None and written:
-            options.cache.put_job(written, written=True)  # the next check plans from it
+            # The next check plans from it.
+            options.cache.put_job(written, written_over=raw["metadata"].get("resourceVersion"))
         _tell_new_moves(job, p.status, observed, control_token(options, job))
     _apply_workload(kube, job, p, observed)
     since = options.cache.begin() if options.cache is not None else None

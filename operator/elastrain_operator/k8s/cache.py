@@ -147,16 +147,21 @@ class Cache:
 
     # -------------------------------------------------------------------- the watch side
 
-    def put_job(self, raw: Manifest, *, written: bool = False) -> bool:
+    def put_job(self, raw: Manifest, *, written_over: str | None = None) -> bool:
         """A TrainingJob as the watch saw it; False when we already had this version.
-        written: what our own status write returned, which replaces only the same job: the
-        watch may have seen it deleted meanwhile (or re-created under its name), and a dead
-        job put back would be planned for in its successor's place."""
+        written_over: `raw` is what our own status write returned, and this the resourceVersion
+        that write was guarded by. It replaces only that version: the watch may since have seen
+        the job deleted (or re-created under its name: a dead job put back would be planned
+        for in its successor's place), or changed again after our write (a spec patched the
+        moment our status showed: its event may come in before this thread gets here, and the
+        older job put back over it would never be planned from again)."""
         meta = raw.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         with self._lock:
             known = self._jobs.get(key)
-            if written and (known is None or known.raw["metadata"].get("uid") != meta.get("uid")):
+            if written_over is not None and (
+                    known is None or known.raw["metadata"].get("uid") != meta.get("uid")
+                    or known.raw["metadata"].get("resourceVersion") != written_over):
                 return False
             if known is not None and known.raw["metadata"].get("resourceVersion") == \
                     meta.get("resourceVersion"):

@@ -63,7 +63,9 @@ def raise_quota(kq: KueueQueues, cpu: str) -> None:
     cq = next(p for p in kq.created if "/clusterqueues/" in p)
     current = kq.kube.get(cq)
     assert current is not None
-    group = current["spec"]["resourceGroups"][0]
-    group["flavors"][0]["resources"] = [{"name": "cpu", "nominalQuota": cpu},
-                                        {"name": "memory", "nominalQuota": "8Gi"}]
-    kq.kube.request("PUT", cq, body=current)
+    groups = current["spec"]["resourceGroups"]
+    groups[0]["flavors"][0]["resources"] = [{"name": "cpu", "nominalQuota": cpu},
+                                            {"name": "memory", "nominalQuota": "8Gi"}]
+    # A merge patch, not a PUT of what was read: Kueue writes the ClusterQueue's status all
+    # the while (a PUT lost that race in CI with a 409).
+    kq.kube.patch(cq, {"spec": {"resourceGroups": groups}})

@@ -137,13 +137,30 @@ def test_a_status_write_never_puts_back_a_job_the_watch_saw_go() -> None:
     cache = Cache()
     cache.put_job(raw_job("old"))
     cache.drop_job(KEY, "old")
-    assert not cache.put_job(raw_job("old", "2"), written=True)
+    assert not cache.put_job(raw_job("old", "2"), written_over="1")
     assert cache.job(KEY) is None
     cache.put_job(raw_job("new", "5"))
-    assert not cache.put_job(raw_job("old", "3"), written=True)
+    assert not cache.put_job(raw_job("old", "3"), written_over="5")
     assert cache.job(KEY).raw["metadata"]["uid"] == "new"  # type: ignore[union-attr]
-    assert cache.put_job(raw_job("new", "6"), written=True)
+    assert cache.put_job(raw_job("new", "6"), written_over="5")
     assert cache.job(KEY).raw["metadata"]["resourceVersion"] == "6"  # type: ignore[union-attr]
+
+
+def test_a_status_write_never_puts_back_a_job_older_than_the_watch_has_seen() -> None:
+    """Our status write (over version 1) returned version 2; before this thread put it in the
+    cache, the watch brought 2 and then 3 (the spec patched the moment our status showed, as
+    CI saw in test_kueue_admission): 3 stays, or that spec change is never planned for."""
+    cache = Cache()
+    cache.put_job(raw_job("u1", "1"))
+    cache.put_job(raw_job("u1", "2"))
+    newer = raw_job("u1", "3")
+    newer["spec"]["replicas"] = 3
+    cache.put_job(newer)
+    assert not cache.put_job(raw_job("u1", "2"), written_over="1")
+    assert cache.job(KEY).raw["spec"]["replicas"] == 3  # type: ignore[union-attr]
+    # Its own event already in: nothing to do either.
+    cache.put_job(raw_job("u1", "4"))
+    assert not cache.put_job(raw_job("u1", "4"), written_over="3")
 
 
 def test_a_live_read_never_overwrites_newer_watch_events() -> None:
