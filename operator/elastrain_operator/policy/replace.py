@@ -18,6 +18,11 @@ for a pod still in the world: a pod that rejoined is no longer named. A planned-
 announced its rejoin (alive, restarting in place) is reported younger by the members for a while
 (the trainer's metrics.REJOIN_ALLOWANCE_S), so a slow restart on a loaded node is not replaced.
 
+Restart mode has no plan, but a group that re-forms without a pod its dark-peer watch found dark
+names that pod planned out the same way (trainer session.dark_peers), aged from the group's
+start: a frozen or cut-off pod on a node that stays Ready would otherwise run on uncounted and
+never be replaced (seen on the real node, bench/RESULTS.md "Dark workers").
+
 On a lost node (issue 34, item 4). A node whose kubelet and container runtime stopped is marked
 NotReady while its containers run on: such a pod's trainer still beats, trains and is in the
 world, so no heartbeat plans it out. The operator tells the members the pods on nodes it knows
@@ -69,11 +74,12 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
     (`reports`: the members', polled this round). In Restart mode, each current worker pod on
     a lost node at once: its group re-forms without it anyway (the survivors' dark-peer watch,
     torchrun's keep-alive), and otherwise it would wait out its node-loss toleration and be
-    counted as the taint manager's preemption, although nobody gave notice."""
-    if not job.spec.in_process:
-        reports = ()  # its members report no plan: only lost nodes count
-    elif not reports:
+    counted as the taint manager's preemption, although nobody gave notice; and, as in process,
+    a pod the members name planned out (a group re-formed without the pod its dark-peer watch
+    found dark, on a node that may stay Ready: trainer session.dark_peers)."""
+    if reports is None and job.spec.in_process:
         return
+    reports = reports or ()
     since: dict[str, float] = {}
     for report in reports:
         for name, seconds in report.planned_out.items():
@@ -88,9 +94,10 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
             continue
         lost = observed.lost_nodes.get(pod.node)
         if since.get(pod.name, 0.0) >= grace:
-            doomed[index] = (pod, f"planned out by the in-process world "
-                                  f"{since[pod.name]:.0f}s ago: no heartbeat for spec.recovery."
-                                  f"heartbeatTimeoutSeconds="
+            by = ("planned out by the in-process world" if job.spec.in_process
+                  else "left out of the re-formed worker group")
+            doomed[index] = (pod, f"{by} {since[pod.name]:.0f}s ago: no heartbeat for "
+                                  f"spec.recovery.heartbeatTimeoutSeconds="
                                   f"{job.spec.recovery.heartbeat_timeout_seconds} (its node went "
                                   "dark, or it hung)")
         elif lost and not job.spec.in_process:

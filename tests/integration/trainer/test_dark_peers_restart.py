@@ -9,10 +9,11 @@ instead each survivor's watch finds the frozen rank's heartbeat silent and ends 
 a lost peer does, torchrun's rendezvous re-forms the group without the frozen node (once its
 keep-alive lapses) and it resumes at world 2. Once the new group has committed, the frozen
 worker is thawed (its agent stays stopped, so it cannot rejoin): it must not commit its old
-step or move `latest` back. Seen failing with the watch off (`start_dark_peer_watch` returning
-None: no resume within the wait) and with the fence off (`watch.fence = None`: the thawed
-worker's save of step 4 went on to its commit and ended `checkpoint_failed`, its result's
-broadcast to the peers that were gone).
+step or move `latest` back, and the group re-formed without it names it planned out (the
+operator's cue to replace its pod; seen failing with the marks off). Seen failing with the
+watch off (`start_dark_peer_watch` returning None: no resume within the wait) and with the
+fence off (`watch.fence = None`: the thawed worker's save of step 4 went on to its commit and
+ended `checkpoint_failed`, its result's broadcast to the peers that were gone).
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def test_a_frozen_node_restarts_the_group_by_the_heartbeat_and_commits_nothing_w
     assert resumed["world_size"] == 2, resumed
     dark = [r for r in recs if r["event"] == "dark_peer" and r["time"] > frozen["at"]]
     assert dark and all(r["rank"] != r["peers"][0] for r in dark), dark
+    # The group re-formed without it names its pod planned out (the operator replaces it).
+    told = [r for r in recs if r["event"] == "planned_out" and r["time"] > frozen["at"]]
+    assert told and told[0]["pods"] == [frozen["agent"]], told
     survivors = sorted({a.name for a in cluster.agents} - {frozen["agent"]})
     assert [codes[a] for a in survivors] == [0, 0], codes
     steps = {r["step"] for r in recs if r["event"] == "step"}

@@ -1,7 +1,7 @@
 """Pods the in-process world planned out without notice (policy.replace): replaced once each,
 counted as a failure, the old pod deleted as a stale one (policy.stale: forced where its node is
-lost); never before the grace, in Restart mode only a pod on a lost node, never a pod that is
-back."""
+lost); never before the grace, never a pod that is back; in Restart mode, a pod on a lost node
+at once and one a re-formed group left out (marked dark) after the grace."""
 
 from __future__ import annotations
 
@@ -72,11 +72,31 @@ def test_a_pod_planned_out_past_the_grace_is_counted_once_and_replaced_at_once()
     assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
 
 
-def test_restart_mode_and_a_pod_that_finished_are_left_alone() -> None:
+def test_restart_mode_a_pod_left_out_of_the_re_formed_group_is_replaced_after_the_grace(
+        ) -> None:
+    """Restart mode: a group re-formed without a pod its dark-peer watch marked dark names it
+    planned out (trainer session.dark_peers). On a node that stays Ready (a frozen or cut-off
+    pod) nothing else would ever count or replace it: seen on the real node, bench/RESULTS.md."""
     w = running_world(recovery={"mode": "Restart"})
-    p = w.reconcile(T0 + timedelta(seconds=60),
-                    progress=(member({"demo-worker-2-0": 100.0}),))
-    assert not p.force_delete_pods and not p.counted_restarts
+    grace = planned_out_grace(w.parsed())
+    report = {"step": 40, "totalSteps": 100, "worldSize": 2, "recoveryMode": "Restart",
+              "lastStepTime": T0.isoformat(), "members": ["demo-worker-0-0", "demo-worker-1-0"]}
+    now = T0 + timedelta(seconds=60)
+    early = w.reconcile(now, progress=(parse_progress({**report, "plannedOut": {
+        "demo-worker-2-0": grace - 1}}),))
+    assert not early.counted_restarts and not early.delete_pods
+    p = w.reconcile(now, progress=(parse_progress({**report, "plannedOut": {
+        "demo-worker-2-0": grace + 1}}),))
+    assert p.counted_restarts == 1
+    # Its node is Ready: deleted gracefully (its kubelet ends it: no process outlives it).
+    assert p.delete_pods == ("demo-worker-2-0",) and not p.force_delete_pods
+    assert w.workers() == ["demo-worker-0-0", "demo-worker-1-0", "demo-worker-2-1"]
+    (loss,) = w.job["status"]["recentLosses"]
+    assert "left out of the re-formed worker group" in loss["reason"], loss
+    assert w.job["status"]["preemptions"] == 0
+
+
+def test_a_pod_that_finished_is_counted_by_its_exit_alone() -> None:
     inproc = running_world(recovery={"mode": "InProcess"})
     inproc.set_pod("demo-worker-2-0", "Failed", exit_code=1)
     p = inproc.reconcile(T0 + timedelta(seconds=60),

@@ -7,7 +7,16 @@ import threading
 import time
 from collections.abc import Iterable
 
-from elastrain_trainer.session.dark_peers import DarkPeerWatch
+from torch.distributed import HashStore  # type: ignore[attr-defined]
+
+from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.session.dark_peers import (
+    MAX_MARKS,
+    DarkPeerWatch,
+    mark_dark,
+    out_of_group,
+)
+from elastrain_trainer.session.restart_fence import STORE_RUN
 from elastrain_trainer.signals import EXIT_RESTART
 
 
@@ -94,3 +103,39 @@ def test_a_rank_that_was_itself_stopped_judges_afresh_from_when_it_woke() -> Non
     assert done.wait(10.0)
     watch.stop()
     assert exits[0] > stall_at + 1, (exits, stall_at)
+
+
+def test_a_dark_neighbour_is_marked_by_its_pod_before_the_process_ends() -> None:
+    """The operator learns of the dark pod from the next group (issue 34 item 4): the rank
+    that judged it marks its pod, never its own, before it exits."""
+    marked: list[list[str]] = []
+    done = threading.Event()
+    watch = DarkPeerWatch(lambda: Counters({"3"}), 0, 4,  # type: ignore[arg-type,return-value]
+                          timeout_s=2.0, exit=lambda code: done.set(),
+                          pods=["pod-a", "pod-b", "pod-c", "pod-d"], mark=marked.append).start()
+    assert done.wait(5.0)
+    watch.stop()
+    assert marked == [["pod-b"]]
+
+
+def test_dark_marks_name_the_pods_a_forming_group_lacks_and_forget_those_it_holds() -> None:
+    store = MembershipStore(HashStore(), STORE_RUN)
+    assert out_of_group(store, {"a", "b"}) == []
+    mark_dark(store, ["c"], 3)
+    mark_dark(store, ["c", "d"], 4)
+    assert out_of_group(store, {"a", "b"}) == ["c", "d"]
+    assert out_of_group(store, {"a", "b", "c"}) == ["d"]  # c came back: its mark is dropped
+    assert out_of_group(store, {"a", "b"}) == ["d"]
+    mark_dark(store, [f"old-{i}" for i in range(40)], 5)
+    assert len(out_of_group(store, set())) == MAX_MARKS  # bounded: marks outlive their pods
+
+
+def test_two_writers_marking_at_once_both_land() -> None:
+    store = MembershipStore(HashStore(), STORE_RUN)
+    threads = [threading.Thread(target=mark_dark, args=(store, [f"p{i}"], 1))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out_of_group(store, set()) == sorted(f"p{i}" for i in range(8))

@@ -17,19 +17,29 @@ two ring neighbours with `membership.Liveness` on its own clock: silent for
 ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS (5 s by default) is dark. A slow step never is (the beat is
 this thread's, whatever the training thread does); a rank that cannot reach the store judges
 nobody (its silence is its own).
+
+The dark pod is told to the operator (issue 34, item 4): before it ends its process, the rank
+that judged a peer dark marks the peer's pod (its HOSTNAME: the pod's name, which the kubelet
+sets) on the job's store; when the next group forms, rank 0 reads the marks of the pods it does
+not hold (and drops those it holds: a pod that came back), and every member reports them as
+planned out (`/progress` plannedOut, aged from the group's start by its own clock), as in-process
+members report their plan's lost pods. A frozen or cut-off pod's node can stay Ready and its pod
+Running for ever: only this tells the operator to count it and replace it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
 
+from elastrain_trainer import metrics
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess.heartbeat import BEATS_PER_TIMEOUT, DEFAULT_TIMEOUT_S
 from elastrain_trainer.inprocess.membership import Liveness
@@ -39,6 +49,39 @@ from elastrain_trainer.signals import EXIT_RESTART
 
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
 TIMEOUT_ENV = "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"
+# Under STORE_RUN: {pod: the generation of the group it went dark in}, as JSON. Kept to the
+# newest MAX_MARKS: a mark outlives its pod (replaced under a new name), and is then harmless.
+DARK_KEY = "dark"
+MAX_MARKS = 32
+
+
+def mark_dark(store: MembershipStore, pods: Iterable[str], gen: int) -> None:
+    """Mark `pods` as gone dark from the group of generation `gen`."""
+    pods = list(pods)
+    _update_marks(store, lambda marks: {**marks, **dict.fromkeys(pods, gen)})
+
+
+def out_of_group(store: MembershipStore, group: Collection[str]) -> list[str]:
+    """The pods marked dark that `group` (the forming group's pods) does not hold; the marks
+    of those it holds are dropped (they came back)."""
+    return sorted(_update_marks(store, lambda marks: {p: g for p, g in marks.items()
+                                                      if p not in group}))
+
+
+def _update_marks(store: MembershipStore,
+                  change: Callable[[dict[str, int]], dict[str, int]]) -> dict[str, int]:
+    """Read, change and write the marks atomically (compare-and-set: two neighbours of one
+    dark rank mark it at the same moment)."""
+    for _ in range(50):
+        raw = bytes(store.kv.get(DARK_KEY)).decode() if store.kv.check([DARK_KEY]) else ""
+        marks = {str(p): int(g) for p, g in json.loads(raw).items()} if raw else {}
+        new = dict(sorted(change(marks).items(), key=lambda kv: kv[1])[-MAX_MARKS:])
+        if new == marks:
+            return new
+        text = json.dumps(new)
+        if bytes(store.kv.compare_set(DARK_KEY, raw, text)) == text.encode():
+            return new
+    raise RuntimeError("the dark marks kept changing under this writer")
 
 
 class DarkPeerWatch:
@@ -47,8 +90,12 @@ class DarkPeerWatch:
 
     def __init__(self, connect: Callable[[], MembershipStore], rank: int, world_size: int, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit,
+                 pods: Sequence[str] = (),
+                 mark: Callable[[list[str]], None] | None = None) -> None:
         self._connect, self.rank = connect, rank
+        # The pod of each rank, and what marks pods dark on the job's store (mark_dark).
+        self.pods, self._mark = list(pods), mark
         # Its ring neighbours only (the store serves 2 reads per rank and beat, not N): once a
         # neighbour of the dark rank ends its process, its closed sockets fail the collectives
         # of every rank waiting on it, and torchrun's agents restart the whole group.
@@ -100,8 +147,22 @@ class DarkPeerWatch:
                 emit("dark_peer", rank=self.rank, peers=[int(p) for p in dark],
                      silent_s=self.timeout_s,
                      action="restart the worker group (a peer went dark: no socket closed)")
+                self._tell(dark)
                 self._exit(EXIT_RESTART)
                 return
+
+
+    def _tell(self, dark: Iterable[str]) -> None:
+        """Mark the dark ranks' pods for the next group to report (not this rank's own)."""
+        own = self.pods[self.rank] if self.rank < len(self.pods) else ""
+        names = sorted({self.pods[int(p)] for p in dark if int(p) < len(self.pods)}
+                       - {"", own})
+        if not names or self._mark is None:
+            return
+        try:
+            self._mark(names)
+        except Exception as e:  # the group re-forms anyway; the operator then sees no mark
+            emit("dark_peer_unmarked", pods=names, error=str(e)[:200])
 
 
 def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
@@ -120,18 +181,36 @@ def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
                                        timeout=timedelta(seconds=timeout_s),
                                        connect_within=timedelta(seconds=timeout_s / 5))
 
-    # [the watch's prefix, the store's epoch, this group's generation] from rank 0
-    formed: list[object] = [uuid.uuid4().hex, "", 0] if rank == 0 else ["", "", 0]
+    pod = env.get("HOSTNAME", "")  # the pod's name, set by the kubelet
+    pods: list[object] = [None] * world_size
+    dist.all_gather_object(pods, pod, group=group)
+    group_pods = [str(p or "") for p in pods]
+    # [the watch's prefix, the store's epoch, this group's generation, the pods marked dark
+    # and not in it] from rank 0
+    formed: list[object] = [uuid.uuid4().hex, "", 0, []] if rank == 0 else ["", "", 0, []]
     if rank == 0:
         try:
-            formed[1], formed[2] = claim_generation(client(STORE_RUN),
-                                                    env.get("HOSTNAME", ""))
+            store = client(STORE_RUN)
+            formed[1], formed[2] = claim_generation(store, pod)
         except Exception as e:  # unfenced (as before), the bucket's rule still applies
             emit("checkpoint_fence_unavailable", error=str(e)[:200],
                  note="this worker group's commits are not checked against the store")
+        else:
+            try:
+                formed[3] = out_of_group(store, set(group_pods) - {""})
+            except Exception as e:  # the operator is not told of a dark pod this time
+                emit("dark_marks_unavailable", error=str(e)[:200])
     dist.broadcast_object_list(formed, src=0, group=group)
     nonce, epoch, gen = str(formed[0]), str(formed[1]), int(str(formed[2]))
+    out = [str(p) for p in formed[3]]  # type: ignore[attr-defined]
+    metrics.record_world_pods(sorted(set(group_pods) - {""}), ())
+    metrics.record_planned_out(out)
+    if out and rank == 0:
+        emit("planned_out", pods=out, generation=gen,
+             note="pods an earlier group found dark are not in this one: the operator "
+                  "replaces them")
     watch = DarkPeerWatch(lambda: client(f"restart-{nonce}"), rank, world_size,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, pods=group_pods,
+                          mark=lambda names: mark_dark(client(STORE_RUN), names, gen))
     watch.fence = RestartFence(lambda: client(STORE_RUN), epoch, gen) if gen else None
     return watch.start()
