@@ -30,6 +30,9 @@ SHUTDOWN_MARGIN_SECONDS = 5
 
 EnvList = list[dict[str, Any]]
 NODE_ID_ENV = "ELASTRAIN_NODE_ID"
+# Restart mode: the pod's name (its HOSTNAME is the stable `<job>-worker-<index>`, the same for
+# each attempt), which the dark-peer watch marks for the operator (trainer session.dark_peers).
+POD_NAME_ENV = "ELASTRAIN_POD_NAME"
 
 
 def _text(value: bool | int | float | str) -> str:
@@ -192,6 +195,9 @@ def render_worker_env(spec: TrainingJobSpec, *, namespace: str, job_uid: str,
     if spec.in_process and NODE_ID_ENV not in own:
         # Unique per pod attempt: a replacement is a new member, never the lost one back.
         env.append({"name": NODE_ID_ENV,
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    elif not spec.in_process and POD_NAME_ENV not in own:
+        env.append({"name": POD_NAME_ENV,
                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     env += _credentials(spec)
     env += [e.to_api() for e in spec.env]

@@ -178,6 +178,16 @@ def test_restart_mode_renders_no_inprocess_setting() -> None:
     assert {"ELASTRAIN_RECOVERY", "ELASTRAIN_STORE", "PET_STANDALONE"} <= env_names(spec())
 
 
+def test_restart_mode_workers_know_their_pod_name() -> None:
+    """A worker's HOSTNAME is its slot's stable hostname; its dark-peer watch marks a pod by
+    its name (trainer session.dark_peers), which only the downward API gives."""
+    env = render_worker_env(spec(recovery={"mode": "Restart"}), namespace="n", job_uid="u",
+                            job_name="j")
+    assert [e for e in env if e["name"] == "ELASTRAIN_POD_NAME"] == [
+        {"name": "ELASTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert "ELASTRAIN_POD_NAME" not in env_names(spec(recovery={"mode": "InProcess"}))
+
+
 def test_inprocess_node_id_from_the_user_wins() -> None:
     env = render_worker_env(spec(recovery={"mode": "InProcess"},
                                  env=[{"name": "ELASTRAIN_NODE_ID", "value": "mine"}]),

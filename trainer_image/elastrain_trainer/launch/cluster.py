@@ -109,7 +109,7 @@ class LocalCluster:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             # As in a pod (render.env): the workers' dark-peer watch beats on this store.
             env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{self._port}"
-            env["HOSTNAME"] = name  # a pod's name, which the dark-peer watch marks
+            env["ELASTRAIN_POD_NAME"] = name  # which the dark-peer watch marks
             cmd += [f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self._port}",
                     f"--rdzv-id={self.job_id}", f"--rdzv-conf={RDZV_CONF}",

@@ -19,8 +19,8 @@ this thread's, whatever the training thread does); a rank that cannot reach the 
 nobody (its silence is its own).
 
 The dark pod is told to the operator (issue 34, item 4): before it ends its process, the rank
-that judged a peer dark marks the peer's pod (its HOSTNAME: the pod's name, which the kubelet
-sets) on the job's store; when the next group forms, rank 0 reads the marks of the pods it does
+that judged a peer dark marks the peer's pod (ELASTRAIN_POD_NAME, which the operator renders)
+on the job's store; when the next group forms, rank 0 reads the marks of the pods it does
 not hold (and drops those it holds: a pod that came back), and every member reports them as
 planned out (`/progress` plannedOut, aged from the group's start by its own clock), as in-process
 members report their plan's lost pods. A frozen or cut-off pod's node can stay Ready and its pod
@@ -49,6 +49,7 @@ from elastrain_trainer.signals import EXIT_RESTART
 
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
 TIMEOUT_ENV = "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS"
+POD_NAME_ENV = "ELASTRAIN_POD_NAME"
 # Under STORE_RUN: {pod: the generation of the group it went dark in}, as JSON. Kept to the
 # newest MAX_MARKS: a mark outlives its pod (replaced under a new name), and is then harmless.
 DARK_KEY = "dark"
@@ -181,7 +182,9 @@ def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
                                        timeout=timedelta(seconds=timeout_s),
                                        connect_within=timedelta(seconds=timeout_s / 5))
 
-    pod = env.get("HOSTNAME", "")  # the pod's name, set by the kubelet
+    # The pod's name (the operator renders it; a worker's HOSTNAME is its stable hostname,
+    # the same for every attempt of its slot).
+    pod = env.get(POD_NAME_ENV) or env.get("HOSTNAME", "")
     pods: list[object] = [None] * world_size
     dist.all_gather_object(pods, pod, group=group)
     group_pods = [str(p or "") for p in pods]
