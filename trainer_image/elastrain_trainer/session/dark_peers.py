@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
+from typing import cast
 
 import torch.distributed as dist
 
@@ -152,7 +153,6 @@ class DarkPeerWatch:
                 self._exit(EXIT_RESTART)
                 return
 
-
     def _tell(self, dark: Iterable[str]) -> None:
         """Mark the dark ranks' pods for the next group to report (not this rank's own)."""
         own = self.pods[self.rank] if self.rank < len(self.pods) else ""
@@ -205,7 +205,7 @@ def start_dark_peer_watch(rank: int, world_size: int, group: dist.ProcessGroup,
                 emit("dark_marks_unavailable", error=str(e)[:200])
     dist.broadcast_object_list(formed, src=0, group=group)
     nonce, epoch, gen = str(formed[0]), str(formed[1]), int(str(formed[2]))
-    out = [str(p) for p in formed[3]]  # type: ignore[attr-defined]
+    out = [str(p) for p in cast(list[str], formed[3])]
     metrics.record_world_pods(sorted(set(group_pods) - {""}), ())
     metrics.record_planned_out(out)
     if out and rank == 0:
