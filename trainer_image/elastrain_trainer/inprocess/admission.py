@@ -57,7 +57,8 @@ class Admission:
         timeout: a drain, or every survivor restarted in place) coordinates a new start
         generation, which loads the newest checkpoint as the job's first one does. A node the
         plans keep beyond the world waits here as a spare (section 9)."""
-        self.store.register(self.node_id, {"nproc": 1, "started": time.time()})
+        self.store.register(self.node_id, {"nproc": self.cfg.plan.ranks_per_node,
+                                           "started": time.time()})
         self.heartbeat.start()
         self.epoch = self._meet_store()
         gen = self.store.generation()
@@ -206,7 +207,8 @@ class Admission:
         wait = self.cfg.start_wait_s if dead is None else self.cfg.heartbeat_timeout_s
         deadline = time.monotonic() + wait
         while True:
-            while (self.store.joins_after(after)[0] - after < self.cfg.expected
+            while (self.store.joins_after(after)[0] - after
+                   < self.cfg.expected * self.cfg.plan.ranks_per_node
                    and time.monotonic() < deadline):
                 time.sleep(0.02)
             pending = self.store.pending()

@@ -4,7 +4,9 @@
     ELASTRAIN_STORE=<job>-store:<port>      the job's store (a TCPStore no worker hosts)
     ELASTRAIN_NODE_ID=<pod name>            unique per pod attempt; a worker the launcher
                                             restarted in place (TORCHELASTIC_RESTART_COUNT=n > 0)
-                                            joins as the new node <pod name>.<n>
+                                            joins as the new node <pod name>.<n>; with
+                                            several local ranks (torchrun's LOCAL_WORLD_SIZE,
+                                            nprocPerNode) local rank r is node <...>/<r>
     ELASTRAIN_RUN_ID=<job uid>              the store prefix elastrain/<run_id>/
     ELASTRAIN_REPLICAS=3                    the first generation waits for this many nodes
                                             (spec.replicas when the pod was created)
@@ -25,7 +27,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S
-from elastrain_trainer.inprocess.membership import restarted_node_id
+from elastrain_trainer.inprocess.membership import local_node_id, restarted_node_id
 
 MODES = ("restart", "inProcess")
 
@@ -41,6 +43,7 @@ class InProcessConfig:
     heartbeat_timeout_s: float = DEFAULT_TIMEOUT_S
     max_replicas: int = 0  # 0: replicas
     spares: int = 0
+    ranks_per_node: int = 1  # the pod's local ranks (replicas and spares count pods)
 
     def __post_init__(self) -> None:
         if self.max_replicas == 0:
@@ -55,6 +58,8 @@ class InProcessConfig:
         if self.max_replicas < self.replicas:
             raise ValueError(f"ELASTRAIN_MAX_REPLICAS={self.max_replicas}, ELASTRAIN_REPLICAS="
                              f"{self.replicas}: need replicas <= max")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"LOCAL_WORLD_SIZE={self.ranks_per_node}: need >= 1")
         if self.spares < 0:
             raise ValueError(f"ELASTRAIN_SPARES={self.spares}: need >= 0")
         if self.heartbeat_timeout_s < MIN_TIMEOUT_S:
@@ -75,8 +80,10 @@ def read_inprocess_config(env: Mapping[str, str]) -> InProcessConfig | None:
                          f"got {env.get('ELASTRAIN_STORE', '')!r}")
     node_id = env.get("ELASTRAIN_NODE_ID", "")
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    ranks = int(env.get("LOCAL_WORLD_SIZE", "1"))
     if node_id:  # the launcher restarted this worker in place when it exited EXIT_RESTART
-        node_id = restarted_node_id(node_id, restart)
+        node_id = local_node_id(restarted_node_id(node_id, restart),
+                                int(env.get("LOCAL_RANK", "0")), ranks)
     return InProcessConfig(
         store_host=host, store_port=int(port), node_id=node_id,
         run_id=env.get("ELASTRAIN_RUN_ID", ""), replicas=int(env.get("ELASTRAIN_REPLICAS", "1")),
@@ -84,4 +91,4 @@ def read_inprocess_config(env: Mapping[str, str]) -> InProcessConfig | None:
         heartbeat_timeout_s=float(env.get("ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS",
                                           str(DEFAULT_TIMEOUT_S))),
         max_replicas=int(env.get("ELASTRAIN_MAX_REPLICAS", "0")),
-        spares=int(env.get("ELASTRAIN_SPARES", "0")))
+        spares=int(env.get("ELASTRAIN_SPARES", "0")), ranks_per_node=ranks)

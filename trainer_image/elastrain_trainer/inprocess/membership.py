@@ -3,9 +3,13 @@
 Nothing here talks to a store or a process group (docs/recovery.md sections 2, 3 and 6); the
 adapter (`inprocess.store`) reads the keys, and `plan_generation` decides from what it read.
 
-Unit of membership: a node (one launcher's local ranks; this first implementation runs one
-rank per node). A generation is one process group: its members, their ranks, the step it starts
-at, which joiner is healed from which survivor.
+Unit of membership: a node is one rank's process; a pod's launcher runs `ranks_per_node` of
+them (nprocPerNode), named <pod>[.<restart>]/<local rank> when there are several. A plan admits,
+keeps and drops a launcher's local ranks together (a "unit": one member of the world as the
+operator and spec.replicas count it), so a pod never trains with some of its ranks, and the
+world's sizes (min, max, desired) count units. A generation is one process group: its members,
+their ranks (a unit's contiguous, in local-rank order), the step it starts at, which joiner is
+healed from which survivor.
 """
 
 from __future__ import annotations
@@ -125,10 +129,13 @@ class PlanConfig:
 
     global_batch: int
     micro_batch: int
-    max_world: int
-    min_world: int = 1
+    max_world: int                  # units (pods): a world of w units has w * ranks_per_node
+    min_world: int = 1              # units
+    ranks_per_node: int = 1
 
     def __post_init__(self) -> None:
+        if self.ranks_per_node < 1:
+            raise ValueError(f"ranks per node {self.ranks_per_node}: need >= 1")
         if self.micro_batch < 1 or self.global_batch < self.micro_batch:
             raise ValueError(f"global batch {self.global_batch} and micro batch "
                              f"{self.micro_batch}: need 1 <= micro <= global")
@@ -200,12 +207,14 @@ class NoQuorumError(RuntimeError):
 
 
 def choose_world_size(available: int, cfg: PlanConfig) -> int:
-    """The largest world <= available nodes and <= max_world that splits the global batch into
-    whole micro-batches on every rank (`global % (micro * world) == 0`)."""
+    """The largest world of units <= available units and <= max_world whose ranks split the
+    global batch into whole micro-batches on every rank
+    (`global % (micro * units * ranks_per_node) == 0`)."""
     for world in range(min(available, cfg.max_world), cfg.min_world - 1, -1):
-        if cfg.global_batch % (cfg.micro_batch * world) == 0:
+        if cfg.global_batch % (cfg.micro_batch * world * cfg.ranks_per_node) == 0:
             return world
-    raise NoQuorumError(f"{available} live node(s): no world size in [{cfg.min_world}, "
+    per = f" of {cfg.ranks_per_node} ranks" if cfg.ranks_per_node > 1 else ""
+    raise NoQuorumError(f"{available} live node(s){per}: no world size in [{cfg.min_world}, "
                         f"{cfg.max_world}] splits global batch {cfg.global_batch} into "
                         f"micro-batches of {cfg.micro_batch}")
 
@@ -214,29 +223,47 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
     """The next generation: survivors in their old rank order, then spares and joiners in
     request order; the world is the largest that keeps the global batch; every node that is
     behind the newest committed step (a joiner, or a survivor whose step did not commit) heals
-    from a survivor at that step, round robin so k joiners pull from k sources."""
+    from a survivor at that step, round robin so k joiners pull from k sources.
+
+    Units: a unit with any node leaving or dead is gone whole (its other ranks end with it);
+    a unit not all of whose local ranks have asked yet waits among the spares until they have;
+    a behind node heals from the node at its local rank in its source unit (the same position:
+    the same shards where a pod's ranks shard the model)."""
     old = current.nodes + current.spares if current is not None else ()
-    gone = req.leaving | req.dead
-    survivors = [n for n in old if n not in gone]
-    joiners = [n for n in req.joining if n not in gone and n not in survivors]
-    candidates = survivors + joiners
-    world = choose_world_size(len(candidates), cfg)
-    nodes, spares = tuple(candidates[:world]), tuple(candidates[world:])
+    gone = {unit_of(n) for n in req.leaving | req.dead}
+    survivors = [n for n in old if unit_of(n) not in gone]
+    joiners = [n for n in dict.fromkeys(req.joining)
+               if unit_of(n) not in gone and n not in survivors]
+    units: dict[str, list[str]] = {}
+    for n in survivors + joiners:
+        units.setdefault(unit_of(n), []).append(n)
+    whole = [u for u, ns in units.items()
+             if sorted(map(local_rank_of, ns)) == list(range(cfg.ranks_per_node))]
+    world = choose_world_size(len(whole), cfg)
+    ordered = {u: tuple(sorted(units[u], key=local_rank_of)) for u in units}
+    nodes = tuple(n for u in whole[:world] for n in ordered[u])
+    spares = tuple(n for u in whole[world:] for n in ordered[u]) + tuple(
+        n for u in units if u not in whole for n in ordered[u])
     members = set(current.nodes) if current is not None else set()
     step = max([req.step, *(req.steps.get(n, req.step) for n in nodes if n in members)])
     # A source holds the state at `step`: a member of the old generation that committed it.
-    sources = [n for n in nodes if n in members and req.steps.get(n, req.step) == step]
-    behind = [n for n in nodes if n not in sources]
+    held = {n for n in nodes if n in members and req.steps.get(n, req.step) == step}
+    behind = [n for n in nodes if n not in held]
+    sources = [u for u in whole[:world] if set(ordered[u]) <= held]
     if current is not None and behind and not sources:
         raise NoQuorumError(f"no live member holds step {step}: {behind} cannot be healed")
-    heal = {n: sources[i % len(sources)] for i, n in enumerate(behind)} if current else {}
+    behind_units = list(dict.fromkeys(unit_of(n) for n in behind))
+    heal = ({n: ordered[sources[behind_units.index(unit_of(n)) % len(sources)]]
+             [local_rank_of(n)] for n in behind} if current else {})
     return Plan(gen=(current.gen if current is not None else 0) + 1, step=step,
-                world_size=world, nodes=nodes, heal=heal,
+                world_size=len(nodes), nodes=nodes, heal=heal,
                 reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
-                accum=cfg.global_batch // (cfg.micro_batch * world), spares=spares,
+                accum=cfg.global_batch // (cfg.micro_batch * len(nodes)), spares=spares,
                 lost=planned_out(current, req, nodes + spares))
 
 
+# A pod's name is a DNS label, so it never holds this.
+LOCAL_SEP = "/"
 # Plans carry at most this many lost pods (the newest): the operator replaces one within
 # seconds, after which its pod is gone and its name means nothing.
 MAX_LOST = 16
@@ -248,10 +275,26 @@ def restarted_node_id(pod: str, restart: int) -> str:
     return f"{pod}.{restart}" if restart > 0 else pod
 
 
+def local_node_id(unit: str, local_rank: int, ranks_per_node: int) -> str:
+    """The node of local rank `local_rank` of a launcher (`unit`: restarted_node_id's) that runs
+    `ranks_per_node` ranks; one rank per node keeps the unit's name."""
+    return f"{unit}{LOCAL_SEP}{local_rank}" if ranks_per_node > 1 else unit
+
+
+def unit_of(node_id: str) -> str:
+    """The launcher incarnation a node belongs to (local_node_id's inverse)."""
+    return node_id.partition(LOCAL_SEP)[0]
+
+
+def local_rank_of(node_id: str) -> int:
+    _, sep, tail = node_id.partition(LOCAL_SEP)
+    return int(tail) if sep and tail.isdigit() else 0
+
+
 def pod_of(node_id: str) -> str:
-    """The pod a node runs in (restarted_node_id's inverse)."""
-    head, dot, tail = node_id.rpartition(".")
-    return head if dot and tail.isdigit() else node_id
+    """The pod a node runs in (restarted_node_id's and local_node_id's inverse)."""
+    head, dot, tail = unit_of(node_id).rpartition(".")
+    return head if dot and tail.isdigit() else unit_of(node_id)
 
 
 def planned_out(current: Plan | None, req: Requests, kept: Iterable[str]) -> tuple[str, ...]:

@@ -117,7 +117,7 @@ class InProcessRuntime:
             node_id=cfg.node_id, store_host=cfg.store_host, store_port=cfg.store_port,
             run_id=cfg.run_id, expected=cfg.replicas,
             plan=PlanConfig(global_batch, micro_batch, max_world=cfg.max_replicas,
-                            min_world=cfg.min_replicas),
+                            min_world=cfg.min_replicas, ranks_per_node=cfg.ranks_per_node),
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
             desired=metrics.desired_replicas, on_role=metrics.record_role,
             moving=metrics.moving_pods, hold_budget_s=hold_budget_s(),
@@ -239,7 +239,7 @@ class InProcessRuntime:
         world ends its wait; a store away ends it at once (nothing can join without it)."""
         m = self.member
         plan = m.plan
-        if plan is None or plan.world_size >= m.cfg.expected:
+        if plan is None or plan.world_size >= m.cfg.expected * m.cfg.plan.ranks_per_node:
             return
         with contextlib.suppress(dist.DistError):
             wait_for_joiner(m.node_id, plan.world_size,

@@ -108,7 +108,8 @@ class WorldChanges:
         metrics.record_generation(plan.gen, plan.world_size, self.step,
                                   regrouped=plan.reason != "start")
         metrics.record_planned_out(plan.lost)
-        metrics.record_world_pods(map(pod_of, plan.nodes), map(pod_of, plan.spares))
+        metrics.record_world_pods(dict.fromkeys(map(pod_of, plan.nodes)),
+                                  dict.fromkeys(map(pod_of, plan.spares)))
         if self.denv.is_coordinator or (last is not None and last.healed_from is not None):
             assert plan is not None and last is not None
             emit("regroup", gen=plan.gen, world_size=plan.world_size, reason=plan.reason,
@@ -231,7 +232,8 @@ class WorldChanges:
                 f"Session(global_batch={self._global_batch}) is not spec.trainer."
                 f"globalBatchSize {spec_global} (ELASTRAIN_GLOBAL_BATCH_SIZE): make them equal, "
                 "or unset spec.trainer.globalBatchSize and the Session decides")
-        replicas = (process.inprocess.cfg.replicas if process.inprocess is not None
+        inproc = process.inprocess.cfg if process.inprocess is not None else None
+        replicas = (inproc.replicas * inproc.ranks_per_node if inproc is not None
                     else self.denv.world_size)
         tracker.global_batch = self._global_batch or spec_global or micro * replicas
         if tracker.global_batch % micro:
