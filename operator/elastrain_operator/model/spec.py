@@ -62,16 +62,18 @@ NAME_DNS_LABEL_MESSAGE = ("metadata.name must start with a letter and contain no
                           "it names the job's Services")
 GPU_REQUESTS_MESSAGE = ("spec.resources: a GPU's requests and limits must be equal (set one: "
                         "the operator sets the other)")
-# In-process recovery runs the Session API of elastrain's own launcher, one rank per pod (DDP,
-# or FSDP2 resharded in process), on gloo (docs/recovery.md sections 10 and 13): what the
-# trainer does not implement yet is refused here rather than found by a worker that exits at
-# start.
+# In-process recovery runs the Session API of elastrain's own launcher (DDP, or FSDP2 resharded
+# in process), on gloo (docs/recovery.md sections 10 and 13): what the trainer does not
+# implement yet is refused here rather than found by a worker that exits at start. Several
+# ranks per pod run in process when asked (a pod's ranks are one member of the world); an unset
+# mode keeps such a job in Restart, the mode it got before they could, so that no running job
+# changes protocol under an upgraded operator.
 INPROCESS_COMMAND_MESSAGE = (
     "spec.recovery.mode InProcess needs elastrain's launcher: leave spec.command unset or name "
     "elastrain_trainer.launch in it (a stock torchrun script cannot regroup in process; use "
     "Restart)")
-INPROCESS_RANKS_MESSAGE = ("spec.recovery.mode InProcess runs one rank per pod: spec.nprocPerNode "
-                           "must be unset or 1 (use Restart for more)")
+RANKS_DEFAULT_REASON = ("spec.nprocPerNode > 1 runs in process only when asked "
+                        "(spec.recovery.mode InProcess)")
 INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
                          "re-init are not implemented; use Restart for GPU workers")
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
@@ -178,13 +180,14 @@ class RecoverySpec(ApiModel):
     mode: RecoveryMode | None = Field(
         default=None,
         description="Unset: InProcess where the job can run it (spec.command unset or naming "
-                    "elastrain_trainer.launch, one rank per pod, no GPU), else Restart; "
+                    "elastrain_trainer.launch, nprocPerNode unset or 1, no GPU), else Restart; "
                     "status.recoveryMode says which. "
                     "Restart: every worker restarts and resumes from the newest checkpoint "
                     "(torchrun's elastic rendezvous). InProcess: survivors keep their processes "
                     "and model state and regroup at the next step boundary; a replacement joins "
                     "with state from a live peer. InProcess needs the built-in trainer or a "
-                    "script on the Session API, one rank per pod, on CPU (gloo); DDP, or FSDP2 "
+                    "script on the Session API, on CPU (gloo), a pod's nprocPerNode ranks joining "
+                    "and leaving together; DDP, or FSDP2 "
                     "resharded in process (without notice FSDP2 restarts from the checkpoint).")
     heartbeat_timeout_seconds: int = Field(
         default=5, ge=2, le=300,
@@ -229,8 +232,6 @@ def _can_run(obj: str) -> str:
 _EXPLICIT_INPROCESS = "(has(self.recovery.mode) && self.recovery.mode == 'InProcess')"
 _LAUNCHER_COMMAND = ("(!has(self.command) || "
                      "self.command.exists(c, c == 'elastrain_trainer.launch'))")
-_ONE_RANK = ("(!has(self.nprocPerNode) || (type(self.nprocPerNode) == int && "
-             "self.nprocPerNode == 1))")
 _NO_GPU = f"!({_gpu_in('limits')} || {_gpu_in('requests')})"
 
 _SPEC_RULES = k8s(
@@ -261,8 +262,6 @@ _SPEC_RULES = k8s(
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_LAUNCHER_COMMAND}",
         INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
-    cel(f"!{_EXPLICIT_INPROCESS} || {_ONE_RANK}",
-        INPROCESS_RANKS_MESSAGE, field_path=".recovery.mode"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU}",
         INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
     # Unset: the mode follows from fields that an update may change; the job keeps the one
@@ -380,10 +379,16 @@ class TrainingJobSpec(ApiModel):
         """Why this job cannot run in process (None: it can)."""
         if self.command is not None and "elastrain_trainer.launch" not in self.command:
             return INPROCESS_COMMAND_MESSAGE
-        if self.nproc_per_node is not None and self.nproc_per_node != 1:
-            return INPROCESS_RANKS_MESSAGE
         if self.gpu_count:
             return INPROCESS_GPU_MESSAGE
+        return None
+
+    def _restart_by_default(self) -> str | None:
+        """Why an unset mode is Restart for this job (None: it is InProcess)."""
+        if refusal := self._inprocess_refusal():
+            return refusal
+        if self.nproc_per_node is not None and self.nproc_per_node != 1:
+            return RANKS_DEFAULT_REASON
         return None
 
     @property
@@ -392,7 +397,7 @@ class TrainingJobSpec(ApiModel):
         (the survivors keep training), else Restart (docs/recovery.md section 13, point 15)."""
         if self.recovery.mode is not None:
             return self.recovery.mode
-        return "Restart" if self._inprocess_refusal() else "InProcess"
+        return "Restart" if self._restart_by_default() else "InProcess"
 
     @property
     def in_process(self) -> bool:

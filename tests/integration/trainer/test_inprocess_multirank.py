@@ -8,7 +8,8 @@ against one real TCPStore: 3 pods, world 6 (min 2 pods).
   live pod;
 - one pod SIGKILLed (no notice): the survivors regroup at world 4 within the heartbeat bound,
   and the lost pod is counted once (not once per rank);
-- one local rank of a pod killed: its pod fails as a whole, once, and the survivors go on.
+- one local rank of a pod killed: its pod fails as a whole, once, and the survivors go on;
+- FSDP2 over the six ranks: a leaving pod's two ranks hand their shards to the survivors.
 
 Few scenarios, long enough steps: six trainer processes on two cores.
 """
@@ -34,7 +35,9 @@ from .test_inprocess_launcher import HEARTBEAT_S, Pods, progress
 
 pytestmark = [pytest.mark.timeout(420)]
 __all__ = ["job_store"]  # the fixture, imported for the tests below
-STEPS = "140"
+STEPS = "80"
+# The joining pod starts after the leave and must import torch before the others finish.
+JOIN_STEPS = "140"
 # 24 / (2 * 6) and 24 / (2 * 4): whole micro-batches at 3 pods and at 2.
 POD = {"PET_NPROC_PER_NODE": "2", "GLOBAL_BATCH_SIZE": "24", "MICRO_BATCH_SIZE": "2",
        "MIN_REPLICAS": "2", "STEPS": STEPS, "STEP_SLEEP_SECONDS": "0.15"}
@@ -89,7 +92,7 @@ def steps_and_worlds(pods: Pods) -> list[tuple[int, int]]:
 
 
 def test_a_pod_leaves_with_both_ranks_and_a_new_pod_joins_whole(pods: MultiRankPods) -> None:
-    pids = start_three(pods, MAX_REPLICAS="3")
+    pids = start_three(pods, MAX_REPLICAS="3", STEPS=JOIN_STEPS)
     pods.procs["c"].send_signal(signal.SIGTERM)  # the kubelet signals the pod's PID 1 only
     wait_for(lambda: pods.regroups("leave"), "the regroup after the leave")
     leave = pods.regroups("leave")
@@ -97,7 +100,7 @@ def test_a_pod_leaves_with_both_ranks_and_a_new_pod_joins_whole(pods: MultiRankP
     assert pods.procs["c"].wait(timeout=120) == 0, pods.log("c")
     left = [r for r in pods.records("c") if r["event"] == "left"]
     assert len(left) == 2 and len({r["step"] for r in left}) == 1, left  # both ranks, together
-    pods.start("d", 3, **POD, MAX_REPLICAS="3")
+    pods.start("d", 3, **{**POD, "MAX_REPLICAS": "3", "STEPS": JOIN_STEPS})
     wait_for(lambda: pods.regroups("join"), "the joining pod's regroup", timeout=180)
     survivors = {n: pods.worker_pids(n) for n in ("a", "b")}
     codes = pods.wait_all()
@@ -109,7 +112,7 @@ def test_a_pod_leaves_with_both_ranks_and_a_new_pod_joins_whole(pods: MultiRankP
         [("d/0", f"{p}/0"), ("d/1", f"{p}/1")] for p in ("a", "b")), joined
     assert {r["world_size"] for r in joined} == {6}
     steps = steps_and_worlds(pods)
-    assert [s for s, _ in steps] == list(range(1, int(STEPS) + 1)), steps  # each step once
+    assert [s for s, _ in steps] == list(range(1, int(JOIN_STEPS) + 1)), steps  # each once
     worlds = [w for _, w in steps]
     assert worlds[0] == 6 and 4 in worlds and worlds[-1] == 6, worlds
     assert set(worlds) == {6, 4}
@@ -163,3 +166,20 @@ def test_one_local_rank_lost_fails_its_pod_as_a_whole_once(pods: MultiRankPods) 
     worlds = [w for _, w in steps_and_worlds(pods)]
     assert worlds[0] == 6 and worlds[-1] == 4 and set(worlds) == {6, 4}, worlds
     assert sorted({s for s, _ in steps_and_worlds(pods)}) == list(range(1, int(STEPS) + 1))
+
+
+def test_fsdp_a_pod_leaves_and_its_two_ranks_hand_their_shards_to_the_survivors(
+        pods: MultiRankPods) -> None:
+    """FSDP2 over the world's six ranks: the leaving pod's ranks hand their shards over before
+    they exit, and the four survivors reshard in process (no load, no restart)."""
+    pids = start_three(pods, STRATEGY="fsdp")
+    pods.procs["c"].send_signal(signal.SIGTERM)
+    wait_for(lambda: pods.regroups("leave"), "the regroup after the leave")
+    survivors = {n: pods.worker_pids(n) for n in ("a", "b")}
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    assert survivors == {n: pids[n] for n in ("a", "b")}
+    assert not any(r["event"] == "resumed" for r in pods.all_records())  # no checkpoint load
+    steps = steps_and_worlds(pods)
+    assert [s for s, _ in steps] == list(range(1, int(STEPS) + 1)), steps
+    assert steps[0][1] == 6 and steps[-1][1] == 4 and {w for _, w in steps} == {6, 4}

@@ -53,8 +53,6 @@ def test_camel_case_round_trip() -> None:
     ({"bogus": 1}, "bogus"),
     ({"recovery": {"mode": "InProcess"}, "command": ["torchrun", "train.py"]},
      "spec.recovery.mode InProcess needs elastrain's launcher"),
-    ({"recovery": {"mode": "InProcess"}, "nprocPerNode": 2},
-     "spec.recovery.mode InProcess runs one rank per pod"),
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
@@ -95,6 +93,13 @@ def test_whole_object_parses_and_ignores_server_metadata() -> None:
     assert job.metadata.uid == "u-1" and job.metadata.generation == 3
     assert job.status.phase == "Running" and job.status.restarts == 2
     assert job.status.conditions[0].reason == "WorkersRunning"
+
+
+def test_inprocess_accepts_several_ranks_per_pod_when_asked() -> None:
+    s = spec(recovery={"mode": "InProcess"}, nprocPerNode=2)
+    assert s.in_process and s.effective_nproc_per_node == 2
+    # Unset, such a job stays in the mode it got before (no running job changes protocol).
+    assert spec(nprocPerNode=2).recovery_mode == "Restart"
 
 
 def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
