@@ -6,8 +6,9 @@ against one real TCPStore: 3 pods, world 6 (min 2 pods).
   four ranks keep their processes and train on at world 4, every step once; a pod started
   later joins whole and the world is 6 again, its ranks healed from the same local ranks of a
   live pod;
-- one pod SIGKILLed (no notice): the survivors regroup at world 4 within the heartbeat bound,
-  and the lost pod is counted once (not once per rank);
+- with a spare pod (replicas 2, spares 1: world 4), a member pod SIGKILLed (no notice): the
+  spare's two ranks take its place in one plan, healed from the same local ranks of the
+  survivor, and the lost pod is counted once (not once per rank);
 - one local rank of a pod killed: its pod fails as a whole, once, and the survivors go on;
 - FSDP2 over the six ranks: a leaving pod's two ranks hand their shards to the survivors.
 
@@ -74,16 +75,17 @@ def pods(job_store: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
     p.kill_all()
 
 
-def start_three(pods: MultiRankPods, ports: dict[str, int] | None = None,
+def start_three(pods: MultiRankPods, ports: dict[str, int] | None = None, replicas: int = 3,
                 **extra: str) -> dict[str, list[int]]:
+    """Pods a, b, c; the world is `replicas` of them (6 ranks at 3, 4 at 2 with a spare)."""
     for node in ("a", "b", "c"):
         port = {"METRICS_PORT": str(ports[node])} if ports and node in ports else {}
-        pods.start(node, 3, **{**POD, **port, **extra})
-    wait_for(lambda: pods.stepped() >= 10, "step 10 at world 6", timeout=240)
+        pods.start(node, replicas, **{**POD, **port, **extra})
+    wait_for(lambda: pods.stepped() >= 10, "step 10 at full size", timeout=240)
     pids = {n: pods.worker_pids(n) for n in pods.procs}
     assert all(len(p) == 2 for p in pids.values()), pids
     starts = pods.regroups("start")
-    assert {r["world_size"] for r in starts} == {6}, starts
+    assert {r["world_size"] for r in starts} == {2 * replicas}, starts
     return pids
 
 
@@ -118,28 +120,40 @@ def test_a_pod_leaves_with_both_ranks_and_a_new_pod_joins_whole(pods: MultiRankP
     assert set(worlds) == {6, 4}
 
 
-def test_a_pod_killed_without_notice_is_one_loss_and_the_survivors_keep_their_ranks(
+def test_a_pod_killed_without_notice_is_one_loss_and_a_spare_pod_takes_its_place_whole(
         pods: MultiRankPods) -> None:
-    port = free_port()
-    pids = start_three(pods, {"a": port})
+    """spec.spares 1 with two pods in the world: the spare pod's two ranks wait, torch
+    imported; when a member pod is killed they take its place in one plan, each healed from
+    the same local rank of the surviving pod (no checkpoint load), and the loss is one pod."""
+    ports = {n: free_port() for n in ("a", "b", "c")}
+    pids = start_three(pods, ports, replicas=2, SPARES="1", MAX_REPLICAS="3")
+    spare = {r["node"].partition("/")[0] for r in pods.all_records() if r["event"] == "spare"}
+    assert len(spare) == 1, spare
+    victim, survivor = [n for n in ("a", "b", "c") if n not in spare]
     killed_at = time.time()
-    pods.kill_pod("c")
+    pods.kill_pod(victim)
     wait_for(lambda: pods.regroups("fail"), "the regroup after the loss")
-    survivors = {n: pods.worker_pids(n) for n in ("a", "b")}
-    wait_for(lambda: progress(port)["generation"] == 2, "generation 2 on a's /progress")
-    lost = progress(port)["plannedOut"]
+    kept = pods.worker_pids(survivor)
+    wait_for(lambda: progress(ports[survivor])["generation"] == 2, "generation 2 on /progress")
+    lost = progress(ports[survivor])["plannedOut"]
     codes = pods.wait_all()
-    assert codes == {"a": 0, "b": 0, "c": -signal.SIGKILL}, {n: pods.log(n) for n in codes}
-    assert survivors == {n: pids[n] for n in ("a", "b")}  # no rank restarted
-    assert list(lost) == ["c"], lost  # one pod planned out, not one per rank
+    assert codes[survivor] == 0 and codes[victim] == -signal.SIGKILL, {
+        n: pods.log(n) for n in codes}
+    assert kept == pids[survivor]  # no rank restarted
+    assert list(lost) == [victim], lost  # one pod planned out, not one per rank
     fail = pods.regroups("fail")
     assert {r["world_size"] for r in fail} == {4}, fail
+    (taken,) = spare
+    healed = sorted((r["node"], r["healed_from"]) for r in fail if r["node"].startswith(taken))
+    assert healed == [(f"{taken}/{i}", f"{survivor}/{i}") for i in range(2)], fail
+    assert not any(r["event"] == "resumed" for r in pods.all_records())
     took = min(r["time"] for r in fail) - killed_at
-    print(f"pod of 2 ranks killed -> regrouped at world 4 in {took:.2f} s")
+    print(f"pod of 2 ranks killed -> its spare pod in at world 4 in {took:.2f} s")
     assert took <= HEARTBEAT_S + 4.0, took
-    steps = [s for s, _ in steps_and_worlds(pods)]
-    assert sorted(set(steps)) == list(range(1, int(STEPS) + 1))
-    assert len(steps) - len(set(steps)) <= 1
+    steps = steps_and_worlds(pods)
+    assert {w for _, w in steps} == {4}, steps  # never below the desired world
+    assert sorted({s for s, _ in steps}) == list(range(1, int(STEPS) + 1))
+    assert len(steps) - len({s for s, _ in steps}) <= 1
 
 
 def test_one_local_rank_lost_fails_its_pod_as_a_whole_once(pods: MultiRankPods) -> None:
