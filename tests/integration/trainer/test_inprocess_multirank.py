@@ -10,7 +10,8 @@ against one real TCPStore: 3 pods, world 6 (min 2 pods).
   spare's two ranks take its place in one plan, healed from the same local ranks of the
   survivor, and the lost pod is counted once (not once per rank);
 - one local rank of a pod killed: its pod fails as a whole, once, and the survivors go on;
-- FSDP2 over the six ranks: a leaving pod's two ranks hand their shards to the survivors.
+- FSDP2 over the six ranks: a leaving pod's two ranks hand their shards to the survivors;
+- exact resume: the surviving pod's final state equals the same schedule done by restart.
 
 Few scenarios, long enough steps: six trainer processes on two cores.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +33,10 @@ import pytest
 from elastrain_trainer.ports import free_port
 from tests.warmstart import started_pid
 
+from .conftest import load_checkpoint
+from .test_elastic import assert_identical
 from .test_inprocess import wait_for
-from .test_inprocess_builtin import job_store
+from .test_inprocess_builtin import base_env, job_store, records
 from .test_inprocess_launcher import HEARTBEAT_S, Pods, progress
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -197,3 +202,74 @@ def test_fsdp_a_pod_leaves_and_its_two_ranks_hand_their_shards_to_the_survivors(
     steps = steps_and_worlds(pods)
     assert [s for s, _ in steps] == list(range(1, int(STEPS) + 1)), steps
     assert steps[0][1] == 6 and steps[-1][1] == 4 and {w for _, w in steps} == {6, 4}
+
+
+def rank_processes(root: Path, pod: str, port: int, run: str, replicas: int,
+                   **extra: str) -> dict[str, subprocess.Popen[bytes]]:
+    """A pod's two ranks as torchrun would start them (LOCAL_RANK, LOCAL_WORLD_SIZE), without
+    the launcher, so that each rank's log is its own."""
+    return {f"{pod}/{r}": subprocess.Popen(
+        [sys.executable, "-m", "elastrain_trainer"],
+        env={**base_env(root, **{"STEP_SLEEP_SECONDS": "0.1", **extra}),
+             "ELASTRAIN_RECOVERY": "inProcess", "ELASTRAIN_STORE": f"127.0.0.1:{port}",
+             "ELASTRAIN_NODE_ID": pod, "ELASTRAIN_RUN_ID": run, "LOCAL_RANK": str(r),
+             "LOCAL_WORLD_SIZE": "2", "ELASTRAIN_REPLICAS": str(replicas),
+             "ELASTRAIN_HEARTBEAT_TIMEOUT_SECONDS": "2"},
+        stdout=(root / f"{pod}-{r}.log").open("wb"), stderr=subprocess.STDOUT)
+        for r in range(2)}
+
+
+def test_the_survivor_pod_equals_a_restart_at_the_smaller_world_bit_for_bit(
+        job_store: Any, tmp_path: Path) -> None:
+    """Two pods of two ranks, pod b leaves with a SIGTERM to both its ranks (what its launcher
+    forwards), pod a trains on at world 2 in its processes. The same schedule by restart: four
+    restart-mode ranks (LOCAL_RANK 0 and 1 twice) to the leave's step, then a pod of two new
+    ranks resuming at world 2 from their checkpoint. The final model, optimizer and trainer
+    state are identical."""
+    a_root, b_root, pair_root = (tmp_path / n for n in ("inprocess", "restart", "world4"))
+    for d in (a_root, b_root, pair_root):
+        d.mkdir()
+    procs = {**rank_processes(a_root, "a", job_store.port, "ranks-a", 2),
+             **rank_processes(a_root, "b", job_store.port, "ranks-a", 2)}
+    logs = {n: a_root / f"{n.replace('/', '-')}.log" for n in procs}
+    try:
+        wait_for(lambda: max((r["step"] for n in procs for r in records(logs[n])
+                              if r["event"] == "step"), default=0) >= 6, "step 6")
+        for node in ("b/0", "b/1"):
+            procs[node].send_signal(signal.SIGTERM)
+        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert set(codes.values()) == {0}, {n: logs[n].read_text()[-3000:] for n in procs}
+    left = {r["step"] for n in ("b/0", "b/1") for r in records(logs[n]) if r["event"] == "left"}
+    assert len(left) == 1, left
+    (step,) = left
+    worlds = {r["step"]: r["world_size"] for n in procs for r in records(logs[n])
+              if r["event"] == "step"}
+    assert sorted(worlds) == list(range(1, 25))
+    assert {worlds[s] for s in range(1, step + 1)} == {4}
+    assert {worlds[s] for s in range(step + 1, 25)} == {2}
+
+    port = free_port()
+    four = [subprocess.Popen(
+        [sys.executable, "-m", "elastrain_trainer"],
+        env={**base_env(pair_root), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2),
+             "LOCAL_WORLD_SIZE": "2"},
+        stdout=(pair_root / f"rank{rank}.log").open("wb"), stderr=subprocess.STDOUT)
+        for rank in range(4)]
+    assert [p.wait(timeout=240) for p in four] == [0] * 4, (
+        (pair_root / "rank0.log").read_text()[-3000:])
+    solo = rank_processes(b_root, "solo", job_store.port, "ranks-b", 1,
+                          RESUME_FROM=f"file://{pair_root}/ckpt/step-{step:08d}")
+    assert [p.wait(timeout=240) for p in solo.values()] == [0, 0], (
+        (b_root / "solo-0.log").read_text()[-3000:])
+    resumed = next(r for r in records(b_root / "solo-0.log") if r["event"] == "resumed")
+    assert resumed["step"] == step and resumed["saved_world_size"] == 4
+    want = load_checkpoint(b_root / "ckpt", 24, tmp_path)
+    got = load_checkpoint(a_root / "ckpt", 24, tmp_path)
+    assert want.keys() == got.keys() and {"model", "optim", "trainer"} <= set(got)
+    for part in want:
+        assert_identical(want[part], got[part], part)
