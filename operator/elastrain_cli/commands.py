@@ -216,10 +216,10 @@ def estimate(text: str, origin: str, *, world_size: int | None,
     try:
         available = None if device_memory is None else parse_bytes(device_memory)
         config = TrainerConfig.from_env(render_trainer_env(job.spec, job.metadata.name))
-        print(estimate_memory(config, size, device).format())
+        print(estimate_memory(config, size, device, nproc).format())
         if available is None:
             return 0
-        plan = plan_fit(config, size, available, device)
+        plan = plan_fit(config, size, available, device, nproc)
     except ValueError as err:
         raise UserError(str(err)) from err
     print(plan.format())

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("ddp", "fsdp")
+# hsdp: FSDP2 on a 2-D mesh, sharded over a pod's ranks and replicated across pods.
+STRATEGIES = ("ddp", "fsdp", "hsdp")
 MODELS = ("gpt-tiny", "gpt-small", "gpt-100m", "gpt-350m", "gpt-1b")
 # Built in; anything else names token files: file:// or s3:// URIs, globs, comma-separated.
 DATASETS = ("synthetic", "text")

@@ -59,6 +59,7 @@ class MemoryEstimate:
     activations_bytes: int
     overhead_bytes: int
     offloaded_bytes: int
+    ranks_per_node: int = 1  # HSDP's shard group
 
     @property
     def total_bytes(self) -> int:
@@ -85,15 +86,18 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def estimate(config: TrainerConfig, world_size: int, device: str = "cuda") -> MemoryEstimate:
-    """Per-rank peak memory of `config` at `world_size` ranks on a `device` ("cpu", "cuda")."""
+def estimate(config: TrainerConfig, world_size: int, device: str = "cuda",
+             ranks_per_node: int = 1) -> MemoryEstimate:
+    """Per-rank peak memory of `config` at `world_size` ranks on a `device` ("cpu", "cuda");
+    HSDP shards over a pod's `ranks_per_node` ranks and replicates across pods."""
     if world_size < 1:
         raise ValueError("world size must be >= 1")
     if device not in RUNTIME_OVERHEAD_BYTES:
         raise ValueError(f"device {device!r} must be one of {', '.join(RUNTIME_OVERHEAD_BYTES)}")
     shape = dataclasses.replace(PRESETS[config.model], vocab_size=config.vocab_size)
     n = count_parameters(shape, config.seq_len)
-    shard = world_size if config.strategy == "fsdp" else 1
+    shard = {"fsdp": world_size, "hsdp": max(1, min(ranks_per_node, world_size))}.get(
+        config.strategy, 1)
     params, grads, optim = 4 * n // shard, 4 * n // shard, 8 * n // shard
     if config.strategy == "ddp":
         buffers = 4 * n
@@ -102,14 +106,14 @@ def estimate(config: TrainerConfig, world_size: int, device: str = "cuda") -> Me
         buffers = 4 * (2 * block + _root_params(shape) + config.seq_len * shape.d_model)
     offloaded = 0
     # wrap_model offloads only where the compute device is not the host.
-    if config.cpu_offload and config.strategy == "fsdp" and device == "cuda":
+    if config.cpu_offload and config.strategy != "ddp" and device == "cuda":
         offloaded, params, grads, optim = params + grads + optim, 0, 0, 0
     return MemoryEstimate(model=config.model, strategy=config.strategy, world_size=world_size,
                           precision=config.precision, device=device, n_params=n,
                           params_bytes=params, grads_bytes=grads, optimizer_bytes=optim,
                           buffers_bytes=buffers, activations_bytes=_activations(config, shape),
                           overhead_bytes=RUNTIME_OVERHEAD_BYTES[device],
-                          offloaded_bytes=offloaded)
+                          offloaded_bytes=offloaded, ranks_per_node=ranks_per_node)
 
 
 def _activations(config: TrainerConfig, shape: GPTShape) -> int:
@@ -186,11 +190,11 @@ class FitPlan:
 
 
 def plan_fit(config: TrainerConfig, world_size: int, device_bytes: int,
-             device: str = "cuda") -> FitPlan:
+             device: str = "cuda", ranks_per_node: int = 1) -> FitPlan:
     """Pure: does `config` fit `device_bytes` per rank at `world_size`? If not, each single knob
     that makes it fit (fsdp, activation checkpointing, the largest micro-batch that fits, cpu
     offload under fsdp); if no single one does, the first cumulative combination that does."""
-    est = estimate(config, world_size, device)
+    est = estimate(config, world_size, device, ranks_per_node)
     if est.total_bytes <= device_bytes:
         return FitPlan(est, device_bytes, [])
     singles = [c for c in _single_knobs(est, config, device_bytes) if c]
@@ -239,7 +243,7 @@ def _smaller_micro_batches(config: TrainerConfig, world_size: int) -> list[int]:
 
 def _try(config: TrainerConfig, est: MemoryEstimate, changes: dict[str, object]) -> Fix:
     changed = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
-    return Fix(changes, estimate(changed, est.world_size, est.device))
+    return Fix(changes, estimate(changed, est.world_size, est.device, est.ranks_per_node))
 
 
 def parse_bytes(text: str) -> int:

@@ -16,11 +16,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.events import emit
 from elastrain_trainer.model import GPT
 from elastrain_trainer.ports import free_port
 from elastrain_trainer.private_hooks import import_private
@@ -98,7 +99,7 @@ def init_distributed(denv: DistEnv) -> Groups:
 def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv,
                mesh: DeviceMesh | None = None) -> nn.Module:
     """Apply activation checkpointing, then DDP or FSDP2 (on `mesh`, default: over the default
-    group), per the config."""
+    group; HSDP: hsdp_mesh), per the config."""
     if cfg.activation_checkpointing:
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block)
@@ -113,10 +114,25 @@ def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv,
     policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     if not offload:
         model.to(denv.device)
+    if cfg.strategy == "hsdp" and mesh is None:
+        mesh = hsdp_mesh(denv)
+        if denv.rank == 0:  # what a user checks first when HSDP is slower than expected
+            emit("hsdp_mesh", shape=list(mesh.shape), dims=list(mesh.mesh_dim_names or ()))
     for block in model.blocks:
         fully_shard(block, mesh=mesh, offload_policy=policy)
     fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
+
+
+def hsdp_mesh(denv: DistEnv) -> DeviceMesh:
+    """HSDP's 2-D mesh over the default group: replicate across pods, shard over a pod's local
+    ranks (torchrun numbers a pod's ranks contiguously), so a shard's gathers stay in the pod."""
+    pods, ranks = divmod(denv.world_size, denv.local_world_size)
+    if ranks or pods < 1:
+        raise ValueError(f"ELASTRAIN_STRATEGY=hsdp: world size {denv.world_size} is not a "
+                         f"multiple of the pod's {denv.local_world_size} ranks")
+    return init_device_mesh(denv.device.type, (pods, denv.local_world_size),
+                            mesh_dim_names=("replicate", "shard"))
 
 
 @contextlib.contextmanager

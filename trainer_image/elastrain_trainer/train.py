@@ -192,7 +192,7 @@ def validation_loss(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset:
 def check_memory(cfg: TrainerConfig, denv: DistEnv) -> None:
     """Refuse, before allocating anything, a config that cannot fit this device."""
     # In process the world is not planned yet: a world of one is the largest share (FSDP).
-    est = estimate(cfg, known_world_size(denv) or 1, denv.device.type)
+    est = estimate(cfg, known_world_size(denv) or 1, denv.device.type, denv.local_world_size)
     metrics.record_memory_estimate(est.total_bytes)
     if denv.device.type == "cuda":
         check_fits(est, torch.cuda.mem_get_info(denv.device)[1], f"GPU {denv.device}")

@@ -74,6 +74,8 @@ INPROCESS_COMMAND_MESSAGE = (
     "Restart)")
 RANKS_DEFAULT_REASON = ("spec.nprocPerNode > 1 runs in process only when asked "
                         "(spec.recovery.mode InProcess)")
+INPROCESS_HSDP_MESSAGE = ("spec.recovery.mode InProcess does not run spec.strategy hsdp yet (a "
+                          "lost pod's replica is not regrouped in process); use Restart")
 INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
                          "re-init are not implemented; use Restart for GPU workers")
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
@@ -224,6 +226,7 @@ def _gpu_in(resources: str, obj: str = "self") -> str:
 def _can_run(obj: str) -> str:
     """CEL: the job `obj` (self or oldSelf) can run in process (what an unset mode picks)."""
     return (f"((!has({obj}.command) || {obj}.command.exists(c, c == 'elastrain_trainer.launch'))"
+            f" && {obj}.strategy != 'hsdp'"
             f" && (!has({obj}.nprocPerNode) || (type({obj}.nprocPerNode) == int && "
             f"{obj}.nprocPerNode == 1)) && !({_gpu_in('limits', obj)} || "
             f"{_gpu_in('requests', obj)}))")
@@ -262,6 +265,8 @@ _SPEC_RULES = k8s(
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_LAUNCHER_COMMAND}",
         INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
+    cel(f"!{_EXPLICIT_INPROCESS} || self.strategy != 'hsdp'",
+        INPROCESS_HSDP_MESSAGE, field_path=".recovery.mode"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU}",
         INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
     # Unset: the mode follows from fields that an update may change; the job keeps the one
@@ -312,8 +317,10 @@ class TrainingJobSpec(ApiModel):
         ),
     )
     resources: Resources = Field(default_factory=Resources)
-    strategy: Literal["ddp", "fsdp"] = Field(
-        default="ddp", json_schema_extra=k8s(immutable("spec.strategy")))
+    strategy: Literal["ddp", "fsdp", "hsdp"] = Field(
+        default="ddp", description="ddp; fsdp (FSDP2 over every rank); hsdp (FSDP2 sharded "
+        "over a pod's nprocPerNode ranks and replicated across pods)",
+        json_schema_extra=k8s(immutable("spec.strategy")))
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     checkpoint: CheckpointSpec | None = None
     rendezvous: RendezvousSpec = Field(
@@ -379,6 +386,8 @@ class TrainingJobSpec(ApiModel):
         """Why this job cannot run in process (None: it can)."""
         if self.command is not None and "elastrain_trainer.launch" not in self.command:
             return INPROCESS_COMMAND_MESSAGE
+        if self.strategy == "hsdp":
+            return INPROCESS_HSDP_MESSAGE
         if self.gpu_count:
             return INPROCESS_GPU_MESSAGE
         return None

@@ -53,6 +53,8 @@ def test_camel_case_round_trip() -> None:
     ({"bogus": 1}, "bogus"),
     ({"recovery": {"mode": "InProcess"}, "command": ["torchrun", "train.py"]},
      "spec.recovery.mode InProcess needs elastrain's launcher"),
+    ({"recovery": {"mode": "InProcess"}, "strategy": "hsdp", "nprocPerNode": 2},
+     "spec.recovery.mode InProcess does not run spec.strategy hsdp yet"),
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
@@ -115,6 +117,7 @@ def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
     ({"strategy": "fsdp"}, "InProcess"),
     ({"command": ["torchrun", "train.py"]}, "Restart"),  # a stock script cannot regroup
     ({"nprocPerNode": 2}, "Restart"),
+    ({"strategy": "hsdp", "nprocPerNode": 2}, "Restart"),
     ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "Restart"),
     ({"recovery": {"mode": "Restart"}}, "Restart"),
 ])

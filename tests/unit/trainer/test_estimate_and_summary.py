@@ -29,6 +29,13 @@ def test_fsdp_shards_model_states_and_ddp_does_not() -> None:
     assert "gpt-1b" in fsdp.format() and "total" in fsdp.format()
 
 
+def test_hsdp_shards_over_a_pods_ranks_only() -> None:
+    ddp = estimate(TrainerConfig(model="gpt-1b", strategy="ddp"), 16)
+    hsdp = estimate(TrainerConfig(model="gpt-1b", strategy="hsdp"), 16, ranks_per_node=8)
+    assert hsdp.params_bytes == ddp.params_bytes // 8  # 2 pods x 8: 8 shards, 2 replicas
+    assert hsdp.optimizer_bytes == ddp.optimizer_bytes // 8
+
+
 def test_ddp_counts_its_gradient_buckets_and_fsdp_its_unsharded_blocks() -> None:
     ddp = estimate(TrainerConfig(model="gpt-100m", strategy="ddp"), 2)
     fsdp = estimate(TrainerConfig(model="gpt-100m", strategy="fsdp"), 2)
