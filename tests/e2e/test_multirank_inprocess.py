@@ -1,12 +1,15 @@
-"""Scenario 24 (issue 35 item 1): the e2e job with `nprocPerNode: 2` in InProcess mode on a real
-kubelet: 3 pods x 2 ranks, world 6, min 2 pods (global batch 24: whole micro-batches at 6 ranks
-and at 4).
+"""Scenario 24 (issue 35 items 1 and 2): the e2e job with `nprocPerNode: 2` and `strategy: hsdp`
+in InProcess mode on a real kubelet: 3 pods x 2 ranks, world 6, min 2 pods (global batch 24:
+whole micro-batches at 6 ranks and at 4); each pod holds a whole replica of the model, sharded
+over its two ranks.
 
 A worker pod is evicted: both its ranks leave at one step boundary, the four ranks of the other
-two pods keep their processes and train on at world 4, and the eviction is one preemption. The
-operator's replacement joins whole (world 6 again). Then a pod's trainer container is SIGKILLed
-(both ranks, no notice): the survivors regroup at world 4, the loss is one failure (not one per
-rank), and the replacement brings the world back to 6.
+two pods keep their processes and train on at world 4 (one replica fewer: nothing handed over,
+nothing loaded), and the eviction is one preemption. The operator's replacement joins whole,
+its ranks healed from the same positions of a live pod (world 6 again). Then a pod's trainer
+container is SIGKILLed (both ranks, no notice): the survivors regroup at world 4, again without
+a checkpoint load, the loss is one failure (not one per rank), and the replacement brings the
+world back to 6. (DDP with two ranks per pod is covered by the trainer's integration tests.)
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from tests.e2e.support import (
     wait_for,
 )
 
-JOB = "ranks-inprocess"
+JOB = "hsdp-inprocess"
 PODS, RANKS = 3, 2
 # The bound on a regroup without notice: a killed container closes its sockets (docs/recovery.md
 # section 8); slack for a loaded two-core machine.
@@ -57,7 +60,7 @@ def test_24_pods_of_two_ranks_leave_fail_and_rejoin_as_units_in_process(
     node, ns, k = operator, job_namespace, operator.kubectl
     job = make_job(JOB, ns, image=node.images["trainer"], steps=100_000,
                    s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
-                   nprocPerNode=RANKS, recovery={"mode": INPROCESS})
+                   nprocPerNode=RANKS, strategy="hsdp", recovery={"mode": INPROCESS})
     job["spec"]["trainer"]["globalBatchSize"] = 24
     k.apply(job)
     with LogCollector(k, ns, Training.worker_selector(JOB), ARTIFACTS / JOB) as logs:
@@ -73,10 +76,15 @@ def test_24_pods_of_two_ranks_leave_fail_and_rejoin_as_units_in_process(
         assert first["world_size"] == (PODS - 1) * RANKS, first
         recovery_s = float(first["time"]) - at
         kept(processes, t.processes(), pod)
+        assert not [r for r in logs.events("resumed") if float(r["time"]) > at]
         left = [r for r in logs.events("left") if float(r["time"]) > at]
         assert len({r["step"] for r in left}) == 1 and len(left) == RANKS, left
         t.counted_once_in_process(before, pod, at)
         whole = at_world(t, PODS * RANKS, at, "world 6 again after the replacement joined")
+        healed = {r["node"]: r["healed_from"] for r in logs.events("regroup")
+                  if float(r["time"]) > at and r.get("healed_from")}
+        assert sorted(n.rpartition("/")[2] for n in healed) == ["0", "1"], healed
+        assert all(n.rpartition("/")[2] == s.rpartition("/")[2] for n, s in healed.items())
         record_recovery("24-ranks-evict-worker-1", recovery_s, mode=INPROCESS, pod=pod,
                         world_size=first["world_size"],
                         full_world_s=round(float(whole["time"]) - at, 2))
@@ -93,6 +101,9 @@ def test_24_pods_of_two_ranks_leave_fail_and_rejoin_as_units_in_process(
         recovery_s = float(first["time"]) - killed
         assert recovery_s < NO_NOTICE_BOUND_S, recovery_s
         kept(processes, t.processes(), pod)
+        # HSDP: the lost pod was one replica; FSDP2 would have restarted from the checkpoint.
+        assert not [r for r in logs.events("resumed") if float(r["time"]) > killed]
+        assert not [r for r in logs.events("shards_lost") if float(r["time"]) > killed]
         wait_for("the failure counted", lambda: t.counters()[1] == before[1] + 1)
         time.sleep(5)  # a second count would come with the next reconcile
         assert t.counters() == (before[0], before[1] + 1)

@@ -16,7 +16,6 @@ from elastrain_operator.model.spec import (
     DEFAULT_MODE_CHANGE_MESSAGE,
     INPROCESS_COMMAND_MESSAGE,
     INPROCESS_GPU_MESSAGE,
-    INPROCESS_HSDP_MESSAGE,
     MAX_WORKERS,
     SPARES_BOUND_MESSAGE,
     SPARES_METRICS_MESSAGE,
@@ -255,9 +254,6 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("inprocess-stock-torchrun", both(set_path("recovery", {"mode": "InProcess"}),
                                       set_path("command", ["torchrun", "train.py"])),
      [rule("spec.recovery.mode", INPROCESS_COMMAND_MESSAGE)]),
-    ("inprocess-hsdp", both(set_path("recovery", {"mode": "InProcess"}),
-                            set_path("strategy", "hsdp")),
-     [rule("spec.recovery.mode", INPROCESS_HSDP_MESSAGE)]),
     ("inprocess-gpu", both(set_path("recovery", {"mode": "InProcess"}),
                            set_path("resources", {"limits": {"nvidia.com/gpu": 1}})),
      [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
@@ -405,10 +401,11 @@ def test_fsdp_is_admitted_in_process(api: client.CustomObjectsApi, kube_namespac
 def test_several_ranks_per_pod_are_admitted_in_process_when_asked(
         api: client.CustomObjectsApi, kube_namespace: str) -> None:
     """A pod's local ranks are one member of the in-process world (issue 35 item 1)."""
-    manifest = make_job_manifest("inprocess-ranks", nprocPerNode=2,
+    manifest = make_job_manifest("inprocess-ranks", nprocPerNode=2, strategy="hsdp",
                                  recovery={"mode": "InProcess"})
     stored = create(api, kube_namespace, manifest)["spec"]
-    assert (stored["nprocPerNode"], stored["recovery"]["mode"]) == (2, "InProcess")
+    assert (stored["nprocPerNode"], stored["strategy"], stored["recovery"]["mode"]) == (
+        2, "hsdp", "InProcess")
 
 
 @pytest.mark.parametrize("uri", ["gs://my_bucket.example/runs/1", "az://ckpts/runs/1",

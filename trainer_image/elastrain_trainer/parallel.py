@@ -116,7 +116,7 @@ def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv,
         model.to(denv.device)
     if cfg.strategy == "hsdp" and mesh is None:
         mesh = hsdp_mesh(denv)
-        if denv.rank == 0:  # what a user checks first when HSDP is slower than expected
+        if dist.get_rank() == 0:  # what a user checks first when HSDP is slower than expected
             emit("hsdp_mesh", shape=list(mesh.shape), dims=list(mesh.mesh_dim_names or ()))
     for block in model.blocks:
         fully_shard(block, mesh=mesh, offload_policy=policy)
@@ -126,12 +126,15 @@ def wrap_model(model: GPT, cfg: TrainerConfig, denv: DistEnv,
 
 def hsdp_mesh(denv: DistEnv) -> DeviceMesh:
     """HSDP's 2-D mesh over the default group: replicate across pods, shard over a pod's local
-    ranks (torchrun numbers a pod's ranks contiguously), so a shard's gathers stay in the pod."""
-    pods, ranks = divmod(denv.world_size, denv.local_world_size)
-    if ranks or pods < 1:
-        raise ValueError(f"ELASTRAIN_STRATEGY=hsdp: world size {denv.world_size} is not a "
-                         f"multiple of the pod's {denv.local_world_size} ranks")
-    return init_device_mesh(denv.device.type, (pods, denv.local_world_size),
+    ranks (torchrun numbers a pod's ranks contiguously), so a shard's gathers stay in the pod.
+    An in-process node builds its model in a world of one before it is admitted: (1, 1)."""
+    world = dist.get_world_size()
+    per_pod = denv.local_world_size if world > 1 else 1
+    pods, rest = divmod(world, per_pod)
+    if rest or pods < 1:
+        raise ValueError(f"ELASTRAIN_STRATEGY=hsdp: world size {world} is not a multiple of "
+                         f"the pod's {per_pod} ranks")
+    return init_device_mesh(denv.device.type, (pods, per_pod),
                             mesh_dim_names=("replicate", "shard"))
 
 

@@ -72,10 +72,8 @@ INPROCESS_COMMAND_MESSAGE = (
     "spec.recovery.mode InProcess needs elastrain's launcher: leave spec.command unset or name "
     "elastrain_trainer.launch in it (a stock torchrun script cannot regroup in process; use "
     "Restart)")
-RANKS_DEFAULT_REASON = ("spec.nprocPerNode > 1 runs in process only when asked "
-                        "(spec.recovery.mode InProcess)")
-INPROCESS_HSDP_MESSAGE = ("spec.recovery.mode InProcess does not run spec.strategy hsdp yet (a "
-                          "lost pod's replica is not regrouped in process); use Restart")
+RANKS_DEFAULT_REASON = ("spec.nprocPerNode > 1 and spec.strategy hsdp run in process only "
+                        "when asked (spec.recovery.mode InProcess)")
 INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
                          "re-init are not implemented; use Restart for GPU workers")
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
@@ -265,8 +263,6 @@ _SPEC_RULES = k8s(
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_LAUNCHER_COMMAND}",
         INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
-    cel(f"!{_EXPLICIT_INPROCESS} || self.strategy != 'hsdp'",
-        INPROCESS_HSDP_MESSAGE, field_path=".recovery.mode"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU}",
         INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
     # Unset: the mode follows from fields that an update may change; the job keeps the one
@@ -386,8 +382,6 @@ class TrainingJobSpec(ApiModel):
         """Why this job cannot run in process (None: it can)."""
         if self.command is not None and "elastrain_trainer.launch" not in self.command:
             return INPROCESS_COMMAND_MESSAGE
-        if self.strategy == "hsdp":
-            return INPROCESS_HSDP_MESSAGE
         if self.gpu_count:
             return INPROCESS_GPU_MESSAGE
         return None
@@ -396,7 +390,8 @@ class TrainingJobSpec(ApiModel):
         """Why an unset mode is Restart for this job (None: it is InProcess)."""
         if refusal := self._inprocess_refusal():
             return refusal
-        if self.nproc_per_node is not None and self.nproc_per_node != 1:
+        if ((self.nproc_per_node is not None and self.nproc_per_node != 1)
+                or self.strategy == "hsdp"):
             return RANKS_DEFAULT_REASON
         return None
 

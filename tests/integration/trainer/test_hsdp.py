@@ -10,9 +10,11 @@ shard dimensions split the batch and the model without changing the training.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,9 +22,13 @@ import torch
 from elastrain_trainer.ports import free_port
 
 from .conftest import load_checkpoint
-from .test_inprocess_builtin import base_env, records
+from .test_elastic import assert_identical
+from .test_inprocess import wait_for
+from .test_inprocess_builtin import base_env, job_store, records
+from .test_inprocess_multirank import rank_processes
 
 pytestmark = [pytest.mark.timeout(420)]
+__all__ = ["job_store"]  # the fixture, imported for the tests below
 STEPS = 24
 
 
@@ -65,3 +71,95 @@ def test_hsdp_trains_on_a_pods_by_ranks_mesh_and_resumes_one_replica_fewer(
     # parameter <= 5e-7.
     for name, want in ddp.items():
         torch.testing.assert_close(hsdp[name], want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def inprocess_pods(root: Path, port: int, run: str, replicas: int,
+                   *pods: str, **extra: str) -> dict[str, subprocess.Popen[bytes]]:
+    return {n: p for pod in pods for n, p in rank_processes(
+        root, pod, port, run, replicas, STRATEGY="hsdp", MAX_REPLICAS="2", **extra).items()}
+
+
+def log_of(root: Path, node: str) -> Path:
+    return root / f"{node.replace('/', '-')}.log"
+
+
+def test_inprocess_hsdp_a_leaving_pod_is_one_replica_fewer_bit_for_bit_as_a_restart(
+        job_store: Any, tmp_path: Path) -> None:
+    """Pods a and b (2 ranks each, world 4); b's ranks get their SIGTERM, a's two ranks train on
+    as the one replica left, in their processes, nothing moved and nothing loaded. The same
+    schedule by restart (4 ranks, then 2 resuming from the leave's checkpoint) ends in the same
+    state, bit for bit."""
+    root, again = tmp_path / "inprocess", tmp_path / "restart"
+    root.mkdir()
+    procs = inprocess_pods(root, job_store.port, "hsdp-a", 2, "a", "b")
+    try:
+        wait_for(lambda: max((r["step"] for n in procs for r in records(log_of(root, n))
+                              if r["event"] == "step"), default=0) >= 6, "step 6")
+        for node in ("b/0", "b/1"):
+            procs[node].send_signal(signal.SIGTERM)
+        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert set(codes.values()) == {0}, {n: log_of(root, n).read_text()[-3000:] for n in procs}
+    recs = [r for n in procs for r in records(log_of(root, n))]
+    (step,) = {r["step"] for r in recs if r["event"] == "left"}
+    assert not [r for r in recs if r["event"] in ("resumed", "shards_lost")]
+    worlds = {r["step"]: r["world_size"] for r in recs if r["event"] == "step"}
+    assert sorted(worlds) == list(range(1, STEPS + 1))
+    assert {worlds[s] for s in range(1, step + 1)} == {4}
+    assert {worlds[s] for s in range(step + 1, STEPS + 1)} == {2}
+
+    ranks(again, 4, STRATEGY="hsdp")  # saves every step (base_env)
+    ranks(again, 2, STRATEGY="hsdp", CHECKPOINT_URI=f"file://{again}/resumed",
+          RESUME_FROM=f"file://{again}/ckpt/step-{step:08d}")
+    resumed = [r for r in records(again / "rank0-w2.log") if r["event"] == "resumed"]
+    assert [(r["step"], r["saved_world_size"]) for r in resumed] == [(step, 4)], resumed
+    want = load_checkpoint(again / "resumed", STEPS, again)
+    got = load_checkpoint(root / "ckpt", STEPS, root)
+    assert want.keys() == got.keys() and {"model", "optim", "trainer"} <= set(got)
+    for part in want:
+        assert_identical(want[part], got[part], part)
+
+
+def test_inprocess_hsdp_a_pod_lost_without_notice_and_its_replacement_healed_by_position(
+        job_store: Any, tmp_path: Path) -> None:
+    """Pod b SIGKILLed: a trains on at world 2 without a checkpoint load (FSDP2 would restart:
+    its shards die with their node); pod c joins and each of its ranks gets its chunk from
+    a's rank at the same position: world 4 again."""
+    root = tmp_path / "inprocess"
+    root.mkdir()
+    # Long enough for the replacement to start and join; a save every step would take most of
+    # each step's time.
+    pace = {"STEPS": "120", "CHECKPOINT_INTERVAL_STEPS": "40"}
+    procs = inprocess_pods(root, job_store.port, "hsdp-b", 2, "a", "b", **pace)
+
+    def recs() -> list[dict[str, Any]]:
+        return [r for n in procs for r in records(log_of(root, n))]
+    try:
+        wait_for(lambda: max((r["step"] for r in recs() if r["event"] == "step"),
+                             default=0) >= 6, "step 6")
+        for node in ("b/0", "b/1"):
+            procs[node].kill()
+        wait_for(lambda: [r for r in recs() if r["event"] == "regroup"
+                          and r["reason"] == "fail"], "the regroup after the loss")
+        procs.update(inprocess_pods(root, job_store.port, "hsdp-b", 2, "c", **pace))
+        codes = {n: p.wait(timeout=300) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert {n: c for n, c in codes.items() if not n.startswith("b")} == {
+        "a/0": 0, "a/1": 0, "c/0": 0, "c/1": 0}, {
+        n: log_of(root, n).read_text()[-3000:] for n in procs}
+    all_recs = recs()
+    assert not [r for r in all_recs if r["event"] in ("resumed", "shards_lost")]
+    fail = [r for r in all_recs if r["event"] == "regroup" and r["reason"] == "fail"]
+    assert {r["world_size"] for r in fail} == {2}, fail
+    joined = sorted((r["node"], r["healed_from"]) for r in all_recs
+                    if r["event"] == "regroup" and r["reason"] == "join"
+                    and r["node"].startswith("c/"))
+    assert joined == [("c/0", "a/0"), ("c/1", "a/1")], joined
+    worlds = [r["world_size"] for r in all_recs if r["event"] == "step"]
+    assert worlds[0] == 4 and 2 in worlds and worlds[-1] == 4, worlds

@@ -53,8 +53,6 @@ def test_camel_case_round_trip() -> None:
     ({"bogus": 1}, "bogus"),
     ({"recovery": {"mode": "InProcess"}, "command": ["torchrun", "train.py"]},
      "spec.recovery.mode InProcess needs elastrain's launcher"),
-    ({"recovery": {"mode": "InProcess"}, "strategy": "hsdp", "nprocPerNode": 2},
-     "spec.recovery.mode InProcess does not run spec.strategy hsdp yet"),
     ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "spec.recovery.mode InProcess runs on gloo (CPU) only"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
@@ -100,6 +98,7 @@ def test_whole_object_parses_and_ignores_server_metadata() -> None:
 def test_inprocess_accepts_several_ranks_per_pod_when_asked() -> None:
     s = spec(recovery={"mode": "InProcess"}, nprocPerNode=2)
     assert s.in_process and s.effective_nproc_per_node == 2
+    assert spec(recovery={"mode": "InProcess"}, nprocPerNode=2, strategy="hsdp").in_process
     # Unset, such a job stays in the mode it got before (no running job changes protocol).
     assert spec(nprocPerNode=2).recovery_mode == "Restart"
 

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
 
 from elastrain_trainer.inprocess.membership import Plan
 from elastrain_trainer.inprocess.reshard import chunk_rows, row_moves
@@ -76,27 +77,39 @@ class Header:
     extras: dict[str, Any]
 
 
-def sharded_params(model: nn.Module) -> dict[str, DTensor]:
-    """The parameters by name; refuses anything but FSDP2's default sharding (a 1-D mesh,
-    dim 0), the only one `reshard.py` knows."""
+# fully_shard's placements on a 1-D mesh (FSDP) and on a 2-D one (HSDP: replicate, shard).
+FSDP_PLACEMENTS = (Shard(0),)
+HSDP_PLACEMENTS = (Replicate(), Shard(0))
+
+
+def sharded_params(model: nn.Module, placements: tuple[Placement, ...] = FSDP_PLACEMENTS
+                   ) -> dict[str, DTensor]:
+    """The parameters by name; refuses anything but fully_shard's default sharding on a mesh
+    of `placements`' dimensions, the only ones `reshard.py` and inprocess/hsdp.py know."""
     out: dict[str, DTensor] = {}
     for name, p in model.named_parameters():
-        if not (isinstance(p, DTensor) and p.device_mesh.ndim == 1
-                and tuple(p.placements) == (Shard(0),)):
+        if not (isinstance(p, DTensor) and tuple(p.placements) == placements):
             raise ValueError(f"in-process recovery: parameter {name!r} is not sharded as "
-                             "fully_shard's default (a 1-D mesh, Shard(0)); HSDP, tensor "
-                             "parallelism and unsharded parameters are not implemented")
+                             f"fully_shard's default {placements}; tensor parallelism and "
+                             "unsharded parameters are not implemented")
         out[name] = p
     return out
+
+
+def placements_of(model: nn.Module) -> tuple[Placement, ...] | None:
+    """The first parameter's placements (None: not a DTensor)."""
+    p = next(iter(model.parameters()), None)
+    return tuple(p.placements) if isinstance(p, DTensor) else None
 
 
 def is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def hold(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Sequence[str]) -> Held:
+def hold(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Sequence[str],
+         placements: tuple[Placement, ...] = FSDP_PLACEMENTS) -> Held:
     """This node's rows as they are (its chunk of `layout`), without a copy."""
-    params = sharded_params(model)
+    params = sharded_params(model, placements)
     names = {id(p): n for n, p in params.items()}
     rows: dict[Key, torch.Tensor] = {}
     whole: dict[Key, Any] = {}
@@ -109,9 +122,9 @@ def hold(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Sequence[st
         n = names[id(param)]
         for k, v in state.items():
             if isinstance(v, DTensor):
-                if tuple(v.placements) != (Shard(0),):
+                if tuple(v.placements) != placements:
                     raise ValueError(f"in-process recovery: optimizer state {k!r} of {n!r} is "
-                                     f"sharded as {v.placements}, not Shard(0)")
+                                     f"sharded as {v.placements}, not {placements}")
                 rows["o", n, k], meta["o", n, k] = v.to_local().detach(), (tuple(v.shape),
                                                                           v.dtype)
             else:
@@ -171,20 +184,28 @@ def hyper(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
 
+def new_mesh(shape: tuple[int, ...]) -> DeviceMesh:
+    """A mesh over the current default group (FSDP: (world,); HSDP: (pods, ranks per pod)).
+    Of its own names: DeviceMesh equality ignores the rank and the group, and a mesh of an
+    earlier generation equal to this one's is still cached inside DTensor, so fully_shard's
+    default mesh came back with the old generation's coordinate here (two ranks then held
+    "chunk 1" and DCP's save refused the plan)."""
+    n = next(_meshes)
+    return init_device_mesh("cpu", shape,
+                            mesh_dim_names=tuple(f"elastrain_{n}_{d}" for d in range(len(shape))))
+
+
 def rebuild(model: nn.Module, optimizer: torch.optim.Optimizer, build: Build, held: Held,
-            groups: list[dict[str, Any]]) -> None:
-    """`build(mesh)` on the current default group, its shards filled from `held` (this node's
-    chunk of the current plan), then the script's `model` and `optimizer` become the new ones."""
-    # A mesh of its own name: DeviceMesh equality ignores the rank and the group, and a mesh
-    # of an earlier generation equal to this one's is still cached inside DTensor, so
-    # fully_shard's default mesh came back with the old generation's coordinate here (two
-    # ranks then held "chunk 1" and DCP's save refused the plan).
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),),
-                            mesh_dim_names=(f"elastrain_{next(_meshes)}",))
+            groups: list[dict[str, Any]], mesh: DeviceMesh | None = None) -> None:
+    """`build(mesh)` on the current default group (default: FSDP's 1-D mesh), its shards filled
+    from `held` (this node's chunk of the current plan), then the script's `model` and
+    `optimizer` become the new ones."""
+    mesh = mesh if mesh is not None else new_mesh((dist.get_world_size(),))
+    placements = FSDP_PLACEMENTS if mesh.ndim == 1 else HSDP_PLACEMENTS
     # The build draws from the global RNG (parameter init); the training must not see it.
     with torch.random.fork_rng(devices=[]):
         fresh, fresh_opt = build(mesh)
-    params = sharded_params(fresh)
+    params = sharded_params(fresh, placements)
     if stray := [n for n, p in params.items() if p.device_mesh is not mesh]:
         raise ValueError(f"build(mesh) must shard on the mesh it is given: {stray[:3]}")
     want = {k[1] for k in held.meta if k[0] == "p"}

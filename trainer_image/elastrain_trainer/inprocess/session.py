@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import faults, metrics
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import fsdp, rewrap, transfer, user_groups
+from elastrain_trainer.inprocess import fsdp, hsdp, rewrap, transfer, user_groups
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
 from elastrain_trainer.inprocess.hold import hold_budget_s, wait_for_joiner
@@ -170,19 +170,29 @@ class InProcessRuntime:
 
     @property
     def sharded(self) -> bool:
-        """FSDP2: a lost node's shards are gone with it (no buddy copy), so a loss without
-        notice restarts from the newest checkpoint instead of healing in process."""
+        """FSDP2 or HSDP: the model is rebuilt at each world (a start shards rank 0's model
+        before the checkpoint is loaded into it)."""
         return self.member.resharder is not None
+
+    @property
+    def shards_die_with_a_node(self) -> bool:
+        """FSDP2: a lost node's shards are gone with it (no buddy copy), so a loss without
+        notice restarts from the newest checkpoint instead of healing in process. HSDP keeps
+        every chunk in every pod: a lost pod is one replica fewer."""
+        return isinstance(self.member.resharder, fsdp.Resharder)
 
     def use(self, model: nn.Module, optimizer: torch.optim.Optimizer,
             build: Build | None) -> None:
-        """The Session's model: DDP is re-wrapped in place, FSDP2 rebuilt with `build`."""
+        """The Session's model: DDP is re-wrapped in place, FSDP2 and HSDP rebuilt with
+        `build`."""
         if fsdp.is_fsdp(model):
             if build is None:
                 raise ValueError("ELASTRAIN_RECOVERY=inProcess with an FSDP2 model: "
                                  "Session(build=...) must give a function that builds the "
                                  "wrapped model and its optimizer on the current group")
-            self.member.resharder = fsdp.Resharder(model, optimizer, build)
+            self.member.resharder = (hsdp.HsdpResharder(model, optimizer, build)
+                                     if hsdp.is_hsdp(model)
+                                     else fsdp.Resharder(model, optimizer, build))
 
     def settle(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
                stateful: Mapping[str, StatefulLike]) -> int:

@@ -175,7 +175,7 @@ class WorldChanges:
         emit("peer_lost", node=ip.member.node_id, step=self.step, in_body=in_body,
              error=error[:500])
         self.manager.wait()  # a save never spans two generations (it fails with the group)
-        if ip.sharded:
+        if ip.shards_die_with_a_node:
             # FSDP2 without notice: the lost node's shards are gone (no buddy copy), so restart
             # in place and resume from the newest checkpoint, as restart mode does.
             emit("shards_lost", node=ip.member.node_id, step=self.step,
