@@ -85,8 +85,16 @@ class MembershipStore:
         return int(self.kv.add(m.heartbeat_key(node_id), 1))
 
     def heartbeats(self, nodes: Iterable[str]) -> dict[str, int | None]:
-        """Each node's counter (add 0 reads it; a node that never beat reads 0)."""
-        return {n: int(self.kv.add(m.heartbeat_key(n), 0)) for n in nodes}
+        """Each node's counter; a node that never beat reads 0. Two requests however many
+        nodes are watched (every rank of a job beats, and a pod of 8 ranks is 8 counters): a
+        check that every counter exists, then one multi_get (a get of a missing key would
+        wait for it). Counters are never deleted, so only a node that has not beaten yet makes
+        this read each one with `add(key, 0)`, which creates it."""
+        names = list(dict.fromkeys(nodes))
+        keys = [m.heartbeat_key(n) for n in names]
+        if keys and self.kv.check(keys):
+            return {n: int(v) for n, v in zip(names, self.kv.multi_get(keys), strict=True)}
+        return {n: int(self.kv.add(k, 0)) for n, k in zip(names, keys, strict=True)}
 
     def announce_rejoin(self, pod: str, gen: int) -> None:
         self.kv.set(m.rejoin_key(pod), str(gen))
