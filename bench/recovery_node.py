@@ -6,22 +6,25 @@ operator installed by its chart, MinIO on the pod bridge).
     sudo .venv/bin/python bench/recovery_node.py [--events 6] [--modes restart,inprocess]
                                                  [--kinds evict,kill,freeze,partition]
                                                  [--spares 1] [--dark-cap 420] [--out ...]
+                                                 [--nproc 2 [--strategy hsdp]]
     make bench-recovery-node          # root; 7 min here with the images cached (420 s)
 
 Dark kinds (issue 34): `freeze` stops every process of one worker's trainer container (SIGSTOP,
-a hung host), `partition` drops every packet into and out of its pod's network namespace but
-its loopback (iptables in that namespace: no FIN, no RST). The pod stays dark until the job is
-whole again (InProcess: planned out by the heartbeat, replaced by the operator after its grace,
-the replacement joined, or a spare took its place; `whole_s`) and the operator has replaced it
-(a dark pod back within its grace rejoins in place, uncounted), or in Restart mode until the
-survivors resumed (their
-ring-neighbour watch, session/dark_peers.py, ends the group), at most --dark-cap seconds; then
-it is thawed or reconnected. `--spares N` gives the InProcess job N warm spares (a dark
-member's place is taken at the failure's own regroup). A notice (a taint, a cordon) is not a
-kind here: on one node the notice is on the node of every spare and of any replacement, so
-nothing can move (policy.notices moves a worker only onto a spare or a new pod on another
-node); the notice-first move is measured on the two real nodes by tests/e2e/test_node_loss.py
-(scenarios 2 and 4: `pause_s` in runs/e2e/recovery.json).
+a hung host), `partition` drops every packet into and out of its pod's network namespace but its
+loopback (iptables in that namespace: no FIN, no RST). The pod stays dark until the job is whole
+again (InProcess: planned out by the heartbeat, replaced by the operator after its grace, the
+replacement joined, or a spare took its place; `whole_s`) and the operator has replaced it (a
+dark pod back within its grace rejoins in place, uncounted), or in Restart mode until the
+survivors resumed (their ring-neighbour watch, session/dark_peers.py, ends the group), at most
+--dark-cap seconds; then it is thawed or reconnected. `--nproc N` runs N ranks per pod
+(spec.nprocPerNode, the global batch 12 x N so that both 3 and 2 pods split it; the mode set
+explicitly, as a job with several ranks per pod must ask for InProcess), `--strategy` its ddp,
+fsdp or hsdp. `--spares N` gives the InProcess job N warm spares (a dark member's place is taken
+at the failure's own regroup). A notice (a taint, a cordon) is not a kind here: on one node the
+notice is on the node of every spare and of any replacement, so nothing can move (policy.notices
+moves a worker only onto a spare or a new pod on another node); the notice-first move is
+measured on the two real nodes by tests/e2e/test_node_loss.py (scenarios 2 and 4: `pause_s` in
+runs/e2e/recovery.json).
 
 The job is the e2e suite's (tests/e2e/support.make_job: the kind example, 3 workers, min 2,
 DDP over gloo, the tiny GPT paced at 0.25 s a step, checkpoints to MinIO every 20 steps), once
@@ -149,27 +152,27 @@ def lose(t: Training, pod: str, kind: str) -> tuple[float, Any]:
     return at, None
 
 
-def whole_again(t: Training, since: float, timeout: float) -> float | None:
+def whole_again(t: Training, since: float, timeout: float, ranks: int = 1) -> float | None:
     """Seconds from `since` to a step at full size in a generation (or resume) after the
     loss's own recovery, or None within `timeout`."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         marks = sorted(float(r["time"]) for kind in ("regroup", "resumed")
                        for r in t.logs.events(kind) if float(r["time"]) > since
-                       and r.get("world_size") == REPLICAS)
+                       and r.get("world_size") == REPLICAS * ranks)
         if marks and (step := next((r for r in t.logs.events("step")
                                     if float(r["time"]) >= marks[0]
-                                    and r.get("world_size") == REPLICAS), None)):
+                                    and r.get("world_size") == REPLICAS * ranks), None)):
             return round(float(step["time"]) - since, 3)
         time.sleep(0.5)
     return None
 
 
 def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
-            dark_cap: float = 420) -> list[Record]:
+            dark_cap: float = 420, ranks: int = 1) -> list[Record]:
     rows: list[Record] = []
     for i in range(events * len(kinds)):
-        t.settle(REPLICAS)
+        t.settle(REPLICAS, ranks=ranks)
         if spares:
             wait_for("the spares waiting", lambda: t.status().get("readySpares") == spares
                      and len(waiting_spares(t.logs)) == spares, timeout=300)
@@ -185,7 +188,7 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
             # The cap bounds a detector that fails (gloo's collective timeout is 5 min).
             first = t.recovered_after(at, timeout=dark_cap if kind in DARK else 240)
             if kind in DARK and t.mode != RESTART:
-                whole = whole_again(t, at, timeout=dark_cap)
+                whole = whole_again(t, at, timeout=dark_cap, ranks=ranks)
                 # Dark until the operator has replaced it (a failure, counted once): lifted
                 # sooner (a spare makes the world whole at once), it would rejoin in place
                 # within its grace, which by design counts nothing.
@@ -216,30 +219,36 @@ def measure(t: Training, events: int, kinds: Sequence[str], *, spares: int = 0,
                "counted": [a - b for a, b in zip(t.counters(), before, strict=True)]}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    t.settle(REPLICAS)
+    t.settle(REPLICAS, ranks=ranks)
     return rows
 
 
 def run_mode(node: NodeCluster, mode: str, events: int, kinds: Sequence[str],
-             logs_dir: Path, *, spares: int = 0,
-             dark_cap: float = 420) -> tuple[list[Record], list[Record]]:
+             logs_dir: Path, *, spares: int = 0, dark_cap: float = 420, nproc: int = 1,
+             strategy: str = "ddp") -> tuple[list[Record], list[Record]]:
     """One job in `mode` on its own namespace, measured, then deleted; (rows, join regroups).
     `spares`: warm spares for an InProcess job (Restart mode has none)."""
     job = f"recovery-{mode.lower()}"
     ns = f"bench-recovery-{uuid.uuid4().hex[:4]}"
     create_job_namespace(node, ns)
+    # Several ranks per pod run in process only when the mode asks for it.
+    shape = ({"nprocPerNode": nproc, "recovery": {"mode": mode}} if nproc > 1
+             else recovery_spec(mode))
     # Failures (SIGKILL) are counted against maxRestarts: a budget the bench cannot spend.
-    node.kubectl.apply(make_job(job, ns, image=node.images["trainer"], steps=1_000_000,
-                                s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
-                                restartPolicy={"maxRestarts": 10_000, "backoffSeconds": 1,
-                                               "maxBackoffSeconds": 2},
-                                **recovery_spec(mode),
-                                **({"spares": spares} if spares and mode != RESTART else {})))
+    manifest = make_job(job, ns, image=node.images["trainer"], steps=1_000_000,
+                        s3_endpoint=node.s3.endpoint_url, bucket=node.s3.bucket,
+                        restartPolicy={"maxRestarts": 10_000, "backoffSeconds": 1,
+                                       "maxBackoffSeconds": 2}, strategy=strategy, **shape,
+                        **({"spares": spares} if spares and mode != RESTART else {}))
+    manifest["spec"]["trainer"]["globalBatchSize"] = 12 * nproc
+    node.kubectl.apply(manifest)
     with LogCollector(node.kubectl, ns, Training.worker_selector(job), logs_dir / job) as logs:
         rows = measure(Training(node.kubectl, ns, job, logs, mode), events, kinds,
-                       spares=spares if mode != RESTART else 0, dark_cap=dark_cap)
+                       spares=spares if mode != RESTART else 0, dark_cap=dark_cap,
+                       ranks=nproc)
         for row in rows:
             row["spares"] = spares if mode != RESTART else 0
+            row["nproc_per_node"], row["strategy"] = nproc, strategy
         joins = [r for r in logs.events("regroup") if r.get("reason") == "join"]
     node.kubectl("delete", "namespace", ns, "--wait=true", timeout=300)
     return rows, joins
@@ -298,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="warm spares of the InProcess job (time back to full size)")
     parser.add_argument("--dark-cap", type=float, default=420,
                         help="seconds a dark pod may take to be recovered from")
+    parser.add_argument("--nproc", type=int, default=1, help="ranks per pod (nprocPerNode)")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp", "hsdp"))
     args = parser.parse_args(argv)
     modes = [RECOVERY_MODES[m] for m in args.modes.split(",")]
     kinds = args.kinds.split(",")
@@ -313,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         install_operator(node)
         for mode in modes:
             mode_rows, mode_joins = run_mode(node, mode, args.events, kinds, workdir / "logs",
-                                             spares=args.spares, dark_cap=args.dark_cap)
+                                             spares=args.spares, dark_cap=args.dark_cap,
+                                             nproc=args.nproc, strategy=args.strategy)
             rows += mode_rows
             joins += mode_joins
     result = {"bench": "recovery_node", "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),

@@ -342,12 +342,13 @@ class Training:
         return bool(status.get("readyReplicas") == replicas and status.get("phase") == "Running"
                     and not status.get("recoveringSince"))
 
-    def settle(self, replicas: int = 3) -> None:
-        """Full size, Ready, and training: a step trained after every current pod started."""
+    def settle(self, replicas: int = 3, ranks: int = 1) -> None:
+        """Full size, Ready, and training: a step trained after every current pod started
+        (`ranks` per pod: the world is replicas x ranks)."""
         wait_for(f"{replicas} ready workers", lambda: self.at_full_size(replicas), timeout=240)
         mark = time.time()
         wait_for("a training step at full size",
-                 lambda: any(float(r["time"]) > mark and r.get("world_size") == replicas
+                 lambda: any(float(r["time"]) > mark and r.get("world_size") == replicas * ranks
                              for r in self.logs.events("step")), timeout=180)
 
     def evict(self, pod: str) -> float:
