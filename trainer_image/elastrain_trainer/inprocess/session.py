@@ -245,16 +245,19 @@ class InProcessRuntime:
 
     def wait_for_joiner(self, budget_s: float) -> None:
         """A local demo's pacing (hold.wait_for_joiner): a world smaller than the job's replicas
-        waits until a node asks to join. Every rank reads the same store, so every rank of the
+        waits until a pod asks to join (each of its ranks bumps `pending`: the wait ends once
+        as many requests came as a pod has ranks, so the pod joins whole at the next boundary,
+        not as one rank left waiting). Every rank reads the same store, so every rank of the
         world ends its wait; a store away ends it at once (nothing can join without it)."""
         m = self.member
         plan = m.plan
-        if plan is None or plan.world_size >= m.cfg.expected * m.cfg.plan.ranks_per_node:
+        ranks = m.cfg.plan.ranks_per_node
+        if plan is None or plan.world_size >= m.cfg.expected * ranks:
             return
         with contextlib.suppress(dist.DistError):
             wait_for_joiner(m.node_id, plan.world_size,
-                            lambda: m.store.pending() != plan.pending, lambda: m.signalled,
-                            budget_s)
+                            lambda: m.store.pending() - plan.pending >= ranks,
+                            lambda: m.signalled, budget_s)
 
     def boundary(self, step: int, *others: bool) -> tuple[bool, ...]:
         """Member.boundary, needing the store: one founded under this world ends this pod as a
