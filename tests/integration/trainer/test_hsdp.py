@@ -135,8 +135,9 @@ def test_inprocess_hsdp_a_pod_lost_without_notice_and_its_replacement_healed_by_
     pace = {"STEPS": "120", "CHECKPOINT_INTERVAL_STEPS": "40"}
     procs = inprocess_pods(root, job_store.port, "hsdp-b", 2, "a", "b", **pace)
 
-    def recs() -> list[dict[str, Any]]:
-        return [r for n in procs for r in records(log_of(root, n))]
+    def recs() -> list[dict[str, Any]]:  # in time order: rank 0 is whichever pod came first
+        return sorted((r for n in procs for r in records(log_of(root, n))),
+                      key=lambda r: float(r["time"]))
     try:
         wait_for(lambda: max((r["step"] for r in recs() if r["event"] == "step"),
                              default=0) >= 6, "step 6")
