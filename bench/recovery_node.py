@@ -77,12 +77,13 @@ from tests.e2e.support import (  # noqa: E402
     Training,
     container_pid,
     make_job,
+    process_tree,
     recovery_spec,
+    signal_all,
     steps_lost_at,
     steps_retrained,
     wait_for,
 )
-from tests.e2e.test_dark_worker import process_tree, signal_all  # noqa: E402
 from tests.e2e.test_spares import waiting_spares  # noqa: E402
 
 REPLICAS = 3

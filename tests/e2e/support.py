@@ -15,7 +15,10 @@ shapes, and `processes` reads the survivors' trainer processes from the node its
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -295,6 +298,29 @@ def child_processes(pid: int) -> frozenset[tuple[int, int]]:
         if int(fields[1]) == pid:
             children.add((int(entry.name), int(fields[19])))
     return frozenset(children)
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process under it (the container's: torch starts its workers in
+    sessions of their own, so a process group would miss them)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        tree += kids
+        frontier = kids
+    return tree
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 @dataclass(frozen=True)

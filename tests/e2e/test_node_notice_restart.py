@@ -7,6 +7,15 @@
    drain: the drain that Karpenter sends afterwards finds none of the job's pods on the node.
    Nothing is counted and no step is lost; the notice condition ends once the move is done.
    (The InProcess move, with a drain quicker than the move, is test_node_loss.py's scenario 2.)
+19r. Item 4, a worker kept frozen (every process of its trainer container stopped: no socket
+   closed, as a hung host): the survivors' dark-peer watch restarts the group without it
+   (torchrun's rendezvous leaves it out once its keep-alive lapses), and, its node being Ready
+   and its pod Running, only the re-formed group's word (the pod it marked dark, `plannedOut`)
+   makes the operator count it and replace it (before, it ran on uncounted and the job stayed at
+   world 2). The InProcess freeze is test_dark_worker.py's scenario 19; this one runs on this
+   module's job, already up, where a job of its own cost ~80 s. After scenario 1 the frozen
+   worker is worker 2 (moved to node 1), and its replacement is placed on node 2, where
+   scenario 2 wants it.
 2. Items 2-4: node 2 partitioned (every packet to and from it dropped: no socket closes). The
    survivors' dark-peer watch (session/dark_peers.py) ends their group by the heartbeat, not
    gloo's 5-minute collective timeout, and torchrun's rendezvous re-forms it at world 2 once the
@@ -19,6 +28,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,9 +39,13 @@ from tests.e2e.conftest import NamespacePool, NodeCluster
 from tests.e2e.support import (
     RESTART,
     Training,
+    container_pid,
     event_reasons,
+    first_step_after_change,
     group_starts,
+    process_tree,
     record_recovery,
+    signal_all,
     steps_lost_at,
     wait_for,
 )
@@ -118,6 +132,54 @@ def test_1_a_noticed_worker_moves_with_a_save_before_any_drain_and_nothing_is_co
         t.k("taint", "node", t.second.name, f"{KARPENTER}:NoSchedule-", check=False)
         t.k("uncordon", t.second.name, check=False)
 
+
+def test_19r_a_worker_kept_frozen_is_left_out_counted_and_replaced(two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    # Frozen on node 1, whose containerd names its processes. After scenario 1 that is worker 2
+    # (moved there), and with node 1 held its replacement goes to node 2, where scenario 2 wants
+    # it (that saves scenario 2 a scale down and up). Run alone: worker 1, replaced on node 1.
+    index = 2 if t.node_of(t.worker(2)) == NODE_1 else 1
+    home, held = (t.second.name, NODE_1) if index == 2 else (NODE_1, t.second.name)
+    wait_for("a commit before the freeze", lambda: t.logs.events("checkpoint_saved"),
+             timeout=120)
+    dark = t.worker(index)
+    assert t.node_of(dark) == NODE_1
+    before = t.counters()
+    frozen = process_tree(container_pid(t.k, t.ns, dark))
+    t.hold(held)
+    at = time.time()
+    signal_all(frozen, signal.SIGSTOP)
+    try:
+        first = wait_for("the group re-formed at world 2",
+                         lambda: first_step_after_change(t.logs, at), timeout=120)
+        assert first["world_size"] == 2, first
+        told = wait_for("the re-formed group naming the frozen pod", lambda: [
+            r for r in t.logs.events("planned_out") if float(r["time"]) > at], timeout=60)
+        assert told[0]["pods"] == [dark], told
+        replacement = wait_for(f"worker {index}'s replacement pod", lambda: next(
+            (p["metadata"]["name"] for p in t.pods_of(index) if p["metadata"]["name"] != dark),
+            None), timeout=120)
+        replaced_s = time.time() - at
+        wait_for(f"the replacement bound to {home}", lambda: t.node_of(replacement) == home,
+                 timeout=60)
+    finally:
+        signal_all(frozen, signal.SIGCONT)  # being deleted: let its kubelet end it
+        t.release(held)
+    whole = wait_for("a step at world 3 with the replacement", lambda: next(
+        (r for r in t.logs.events("step") if float(r["time"]) > at + replaced_s
+         and r.get("world_size") == 3), None), timeout=240)
+    wait_for("the loss counted", lambda: t.counters() != before, timeout=60)
+    assert t.counters() == (before[0], before[1] + 1), (before, t.counters())
+    loss = t.status()["recentLosses"][-1]
+    assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+    assert loss["reason"].startswith("left out of the re-formed worker group"), loss
+    record_recovery("19r-frozen-worker-restart", float(first["time"]) - at, mode=RESTART,
+                    pod=dark, replaced_after_s=round(replaced_s, 1),
+                    whole_s=round(float(whole["time"]) - at, 1))
+    print(f"{dark} frozen (Restart): world 2 after {float(first['time']) - at:.1f} s, "
+          f"replaced by {replacement} on {home} after {replaced_s:.1f} s, world 3 again "
+          f"{float(whole['time']) - at:.1f} s after the freeze")
 
 def test_2_a_partitioned_worker_restarts_the_group_by_the_heartbeat_and_stays_fenced(
         two: TwoNodeJob) -> None:
