@@ -27,10 +27,27 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
 4. Node 2 cordoned, with a spare waiting on node 1, and drained 30 s later: the doomed worker
    leaves at once and the spare takes its place; its replacement becomes the new spare; the
    drain finds none of the job's pods there. Nothing counted.
+
+Scenario 19 (issue 34, items 2 and 4), run after 1 on this job, already up (a job of its own
+cost ~20-25 s of the issue's 10 minutes, and scenario 2 a scale down and up to put worker 2 back
+on node 2): a worker that goes dark. Every process of one worker pod's trainer container on
+node 1 is stopped (SIGSTOP: no heartbeat and no socket closed, what peers see of a hung host or
+of a partition, without the kernel's RST a killed process gets). The survivors' gloo all-reduce
+would wait out its timeout (5 minutes); instead the heartbeat judges the pod gone within
+heartbeatTimeoutSeconds and each survivor severs its own sockets of that generation
+(docs/recovery.md section 8): they train on at world 2 in their processes, redoing at most the
+step in flight. Then the pod thaws, as a partition lifts: its own collective fails on the reset
+sockets, it finds itself planned out, restarts its worker in place and rejoins healed from a
+live peer; the world is whole again without a new pod. A second worker then stays frozen: past
+the grace (policy.replace) the operator replaces it and its replacement joins, counted once as a
+failure; after scenario 1 that is worker 2 (moved to node 1), and its replacement is placed on
+node 2, where scenario 2 wants it. (Scenario 19r, the Restart-mode freeze, runs on
+test_node_notice_restart.py's job.)
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,8 +59,12 @@ from tests.e2e.support import (
     INPROCESS,
     Incarnation,
     Training,
+    container_pid,
     event_reasons,
+    first_step_after_change,
+    process_tree,
     record_recovery,
+    signal_all,
     steps_retrained,
     wait_for,
 )
@@ -134,6 +155,90 @@ def test_1_a_node_whose_runtime_stopped_is_planned_out_then_replaced_on_node_1(
     assert latest == newest["dir"] and newest["gen"] >= int(leave["gen"]), (latest, newest)
 
 
+def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_thaws(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    # Frozen on node 1, whose containerd names their processes (t.survivors reads them there).
+    pod = t.worker(1)
+    processes = t.survivors()
+    uid = processes[pod].uid
+    others = {p["metadata"]["name"] for p in t.workers()} - {pod}
+    frozen = process_tree(container_pid(t.k, t.ns, pod))
+    at = time.time()
+    signal_all(frozen, signal.SIGSTOP)
+    try:
+        # Far below the collective timeout (300 s): only the heartbeat's path is this fast.
+        first = wait_for("a step at world 2", lambda: first_step_after_change(t.logs, at),
+                         timeout=60)
+        recovery_s = float(first["time"]) - at
+        assert first["world_size"] == 2, first
+        fails = [r for r in t.logs.events("regroup")
+                 if float(r["time"]) > at and r["reason"] == "fail"]
+        assert fails and fails[0]["world_size"] == 2, fails
+        survivors = {n: inc for n, inc in processes.items() if n != pod}
+        now = t.survivors()
+        assert {n: now.get(n) for n in survivors} == survivors, \
+            "a survivor's trainer process was restarted"
+        assert steps_retrained(t.logs, at) <= 1
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+    thawed = time.time()
+    joined = wait_for("the thawed node back in the world, healed from a peer", lambda: next(
+        (r for r in t.logs.events("regroup") if float(r["time"]) > thawed
+         and r.get("healed_from") and r["world_size"] == 3), None), timeout=180)
+    whole = wait_for("a step at world 3 after the join", lambda: next(
+        (r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])
+         and r.get("world_size") == 3), None), timeout=120)
+    # It announced its rejoin before its restart, and the survivors saw it (so the operator gave
+    # it time: policy.replace); the same pod came back (its worker restarted in place), never a
+    # checkpoint load.
+    assert {r["node"] for r in t.logs.events("peer_rejoining") if r["peer"] == pod
+            and float(r["time"]) > thawed - 1} == others, t.logs.events("peer_rejoining")
+    assert t.survivors()[pod].uid == uid
+    assert not [r for r in t.logs.events("resumed") if float(r["time"]) > at]
+    record_recovery("19-frozen-worker", recovery_s, mode=INPROCESS, pod=pod,
+                    frozen_s=round(thawed - at, 2),
+                    whole_after_thaw_s=round(float(whole["time"]) - thawed, 2))
+    print(f"{pod} frozen: world 2 after {recovery_s:.2f} s; thawed after "
+          f"{thawed - at:.2f} s; world 3 again {float(whole['time']) - thawed:.2f} s later")
+
+    # A worker that stays dark: the world plans it out as above, and the operator, told so by
+    # the members' control answers (plannedOut), replaces it (issue 34 item 4): counted once as
+    # a failure, the old pod deleted, the world whole again with a new pod. After scenario 1
+    # worker 2 is on node 1, and with node 1 held its replacement goes to node 2, where
+    # scenario 2 wants it (that saves scenario 2 a scale down and up). Run alone: worker 1 again,
+    # replaced on node 1.
+    index = 2 if t.node_of(t.worker(2)) == NODE_1 else 1
+    home, held = (t.second.name, NODE_1) if index == 2 else (NODE_1, t.second.name)
+    dark = t.worker(index)
+    before = t.counters()
+    frozen = process_tree(container_pid(t.k, t.ns, dark))
+    t.hold(held)
+    at = time.time()
+    signal_all(frozen, signal.SIGSTOP)
+    try:
+        replacement = wait_for(f"worker {index}'s replacement pod", lambda: next(
+            (p["metadata"]["name"] for p in t.pods_of(index) if p["metadata"]["name"] != dark),
+            None), timeout=120)
+        replaced_s = time.time() - at
+        wait_for(f"the replacement bound to {home}", lambda: t.node_of(replacement) == home,
+                 timeout=60)
+    finally:
+        signal_all(frozen, signal.SIGCONT)  # the pod is being deleted: let it go
+        t.release(held)
+    back = wait_for("the replacement in the world, healed from a peer", lambda: next(
+        (r for r in t.logs.events("regroup") if float(r["time"]) > at
+         and r.get("node") == replacement and r["world_size"] == 3), None), timeout=180)
+    assert t.counters() == (before[0], before[1] + 1)
+    loss = t.status()["recentLosses"][-1]
+    assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
+    assert loss["reason"].startswith("planned out by the in-process world"), loss
+    print(f"{dark} stayed dark: replaced by {replacement} on {home} after {replaced_s:.1f} s, "
+          f"world 3 again {float(back['time']) - at:.1f} s after it froze")
+    record_recovery("19-dark-worker-replaced", float(back["time"]) - at, mode=INPROCESS,
+                    pod=dark, replaced_after_s=round(replaced_s, 1))
+
 def notice_condition(t: TwoNodeJob) -> dict[str, Any] | None:
     return next((c for c in t.status().get("conditions", [])
                  if c["type"] == "NodeDisruptionNotice" and c["status"] == "True"), None)
@@ -150,11 +255,12 @@ def survivors_pause(t: TwoNodeJob, at: float) -> dict[str, float]:
 
 def test_2_a_karpenter_notice_then_a_drain_keeps_the_world_at_full_size(two: TwoNodeJob) -> None:
     t = two
-    # Worker 2 back on node 2 (scale 3 -> 2 -> 3).
     t.settle()
-    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
-    t.settle(replicas=2)
-    doomed = t.put_worker_2_on_node_2()
+    if t.node_of(t.worker(2)) != t.second.name:  # scenario 19 did not put it back (run alone)
+        t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+        t.settle(replicas=2)
+        t.put_worker_2_on_node_2()
+    doomed = t.worker(2)
     before = t.counters()
     survivors = t.survivors()
     at = time.time()

@@ -12,7 +12,7 @@
    (torchrun's rendezvous leaves it out once its keep-alive lapses), and, its node being Ready
    and its pod Running, only the re-formed group's word (the pod it marked dark, `plannedOut`)
    makes the operator count it and replace it (before, it ran on uncounted and the job stayed at
-   world 2). The InProcess freeze is test_dark_worker.py's scenario 19; this one runs on this
+   world 2). The InProcess freeze is test_node_loss.py's scenario 19; this one runs on this
    module's job, already up, where a job of its own cost ~80 s. After scenario 1 the frozen
    worker is worker 2 (moved to node 1), and its replacement is placed on node 2, where
    scenario 2 wants it.
