@@ -239,6 +239,7 @@ def test_19_a_frozen_worker_is_planned_out_by_the_heartbeat_and_rejoins_when_it_
     record_recovery("19-dark-worker-replaced", float(back["time"]) - at, mode=INPROCESS,
                     pod=dark, replaced_after_s=round(replaced_s, 1))
 
+
 def notice_condition(t: TwoNodeJob) -> dict[str, Any] | None:
     return next((c for c in t.status().get("conditions", [])
                  if c["type"] == "NodeDisruptionNotice" and c["status"] == "True"), None)

@@ -181,6 +181,7 @@ def test_19r_a_worker_kept_frozen_is_left_out_counted_and_replaced(two: TwoNodeJ
           f"replaced by {replacement} on {home} after {replaced_s:.1f} s, world 3 again "
           f"{float(whole['time']) - at:.1f} s after the freeze")
 
+
 def test_2_a_partitioned_worker_restarts_the_group_by_the_heartbeat_and_stays_fenced(
         two: TwoNodeJob) -> None:
     t = two
