@@ -1,11 +1,15 @@
-"""`strategy: hsdp` in Restart mode (issue 35 item 2), on real processes over gloo: FSDP2 on a
-2-D mesh, sharded over a pod's two local ranks and replicated across pods.
+"""`strategy: hsdp` (issue 35 item 2) on real processes over gloo: FSDP2 on a (pods, ranks per
+pod) mesh, sharded over a pod's two local ranks and replicated across pods, pods of two ranks
+(LOCAL_RANK/LOCAL_WORLD_SIZE as torchrun sets them).
 
-Two pods of two ranks (env:// rendezvous, LOCAL_RANK/LOCAL_WORLD_SIZE as torchrun sets them)
-train to step 6 and checkpoint; one pod of two ranks resumes from that checkpoint at world 2 (a
-lost pod: one replica fewer) and trains to step 12. The same schedule with DDP gives the same
-model within float tolerance (HSDP reduces in a different order): the mesh's replicate and
-shard dimensions split the batch and the model without changing the training.
+- In process, a pod leaves (SIGTERM to its ranks): the other pod's ranks train on as the one
+  replica left, nothing moved, nothing loaded; bit-identical to the same schedule by restart
+  (env:// rendezvous: 4 ranks, then 2 resuming from the leave's checkpoint, Restart mode's HSDP
+  on a (2, 2) then a (1, 2) mesh), which is within float tolerance of the same schedule with DDP
+  (HSDP reduces in a different order): the mesh splits the batch and the model without
+  changing the training.
+- In process, a pod SIGKILLed: the other trains on without a load; a replacement pod's ranks
+  are healed from the same positions.
 """
 
 from __future__ import annotations
@@ -47,30 +51,15 @@ def ranks(root: Path, world: int, **extra: str) -> None:
     assert codes == [0] * world, (root / f"rank0-w{world}.log").read_text()[-3000:]
 
 
-def run(root: Path, strategy: str) -> dict[str, torch.Tensor]:
-    ranks(root, 4, STRATEGY=strategy, STEPS="6")
-    ranks(root, 2, STRATEGY=strategy, STEPS="12")
+def restart_schedule(root: Path, strategy: str, step: int) -> dict[str, Any]:
+    """The schedule of a pod lost at `step` done by restart: 4 ranks (2 pods) save every step,
+    then one pod of 2 ranks resumes from `step` at world 2 and trains to the end."""
+    ranks(root, 4, STRATEGY=strategy)  # saves every step (base_env)
+    ranks(root, 2, STRATEGY=strategy, CHECKPOINT_URI=f"file://{root}/resumed",
+          RESUME_FROM=f"file://{root}/ckpt/step-{step:08d}")
     resumed = [r for r in records(root / "rank0-w2.log") if r["event"] == "resumed"]
-    assert [(r["step"], r["saved_world_size"]) for r in resumed] == [(6, 4)], resumed
-    model: dict[str, torch.Tensor] = load_checkpoint(root / "ckpt", 12, root)["model"]
-    return model
-
-
-def test_hsdp_trains_on_a_pods_by_ranks_mesh_and_resumes_one_replica_fewer(
-        tmp_path: Path) -> None:
-    hsdp = run(tmp_path / "hsdp", "hsdp")
-    meshes = [r for w in (4, 2) for r in records(tmp_path / "hsdp" / f"rank0-w{w}.log")
-              if r["event"] == "hsdp_mesh"]
-    assert [(r["shape"], r["dims"]) for r in meshes] == [
-        ([2, 2], ["replicate", "shard"]), ([1, 2], ["replicate", "shard"])], meshes
-    ddp = run(tmp_path / "ddp", "ddp")
-    assert hsdp.keys() == ddp.keys()
-    # The attention's key bias has a zero gradient in exact arithmetic (softmax ignores a
-    # constant added to every score of a row), so AdamW turns its float noise, which differs
-    # with the reduction order, into small steps: 2.3e-5 apart after 24 steps (seen once),
-    # every other parameter <= 5e-7.
-    for name, want in ddp.items():
-        torch.testing.assert_close(hsdp[name], want, rtol=1e-4, atol=1e-4, msg=name)
+    assert [(r["step"], r["saved_world_size"]) for r in resumed] == [(step, 4)], resumed
+    return load_checkpoint(root / "resumed", STEPS, root)
 
 
 def inprocess_pods(root: Path, port: int, run: str, replicas: int,
@@ -87,8 +76,9 @@ def test_inprocess_hsdp_a_leaving_pod_is_one_replica_fewer_bit_for_bit_as_a_rest
         job_store: Any, tmp_path: Path) -> None:
     """Pods a and b (2 ranks each, world 4); b's ranks get their SIGTERM, a's two ranks train on
     as the one replica left, in their processes, nothing moved and nothing loaded. The same
-    schedule by restart (4 ranks, then 2 resuming from the leave's checkpoint) ends in the same
-    state, bit for bit."""
+    schedule by restart (4 ranks on a (2, 2) mesh, then 2 on (1, 2) resuming from the leave's
+    checkpoint) ends in the same state, bit for bit, and the same schedule with DDP in the same
+    model within float tolerance."""
     root, again = tmp_path / "inprocess", tmp_path / "restart"
     root.mkdir()
     procs = inprocess_pods(root, job_store.port, "hsdp-a", 2, "a", "b")
@@ -111,16 +101,24 @@ def test_inprocess_hsdp_a_leaving_pod_is_one_replica_fewer_bit_for_bit_as_a_rest
     assert {worlds[s] for s in range(1, step + 1)} == {4}
     assert {worlds[s] for s in range(step + 1, STEPS + 1)} == {2}
 
-    ranks(again, 4, STRATEGY="hsdp")  # saves every step (base_env)
-    ranks(again, 2, STRATEGY="hsdp", CHECKPOINT_URI=f"file://{again}/resumed",
-          RESUME_FROM=f"file://{again}/ckpt/step-{step:08d}")
-    resumed = [r for r in records(again / "rank0-w2.log") if r["event"] == "resumed"]
-    assert [(r["step"], r["saved_world_size"]) for r in resumed] == [(step, 4)], resumed
-    want = load_checkpoint(again / "resumed", STEPS, again)
+    want = restart_schedule(again, "hsdp", step)
+    meshes = [r for w in (4, 2) for r in records(again / f"rank0-w{w}.log")
+              if r["event"] == "hsdp_mesh"]
+    assert [(r["shape"], r["dims"]) for r in meshes] == [
+        ([2, 2], ["replicate", "shard"]), ([1, 2], ["replicate", "shard"])], meshes
     got = load_checkpoint(root / "ckpt", STEPS, root)
     assert want.keys() == got.keys() and {"model", "optim", "trainer"} <= set(got)
     for part in want:
         assert_identical(want[part], got[part], part)
+
+    # HSDP trains the model DDP trains: the same schedule with DDP, within float tolerance.
+    # The attention's key bias has a zero gradient in exact arithmetic (softmax ignores a
+    # constant added to every score of a row), so AdamW turns its float noise, which differs
+    # with the reduction order, into small steps: 2.3e-5 apart after 24 steps (seen once),
+    # every other parameter <= 5e-7.
+    ddp = restart_schedule(tmp_path / "ddp", "ddp", step)["model"]
+    for name, value in ddp.items():
+        torch.testing.assert_close(want["model"][name], value, rtol=1e-4, atol=1e-4, msg=name)
 
 
 def test_inprocess_hsdp_a_pod_lost_without_notice_and_its_replacement_healed_by_position(
