@@ -14,7 +14,6 @@ pod) mesh, sharded over a pod's two local ranks and replicated across pods, pods
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from .conftest import load_checkpoint
 from .test_elastic import assert_identical
 from .test_inprocess import wait_for
 from .test_inprocess_builtin import base_env, job_store, records
-from .test_inprocess_multirank import rank_processes
+from .test_inprocess_multirank import pod_b_leaves_at_step_6, rank_processes
 
 pytestmark = [pytest.mark.timeout(420)]
 __all__ = ["job_store"]  # the fixture, imported for the tests below
@@ -82,17 +81,7 @@ def test_inprocess_hsdp_a_leaving_pod_is_one_replica_fewer_bit_for_bit_as_a_rest
     root, again = tmp_path / "inprocess", tmp_path / "restart"
     root.mkdir()
     procs = inprocess_pods(root, job_store.port, "hsdp-a", 2, "a", "b")
-    try:
-        wait_for(lambda: max((r["step"] for n in procs for r in records(log_of(root, n))
-                              if r["event"] == "step"), default=0) >= 6, "step 6")
-        for node in ("b/0", "b/1"):
-            procs[node].send_signal(signal.SIGTERM)
-        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    assert set(codes.values()) == {0}, {n: log_of(root, n).read_text()[-3000:] for n in procs}
+    pod_b_leaves_at_step_6(procs, {n: log_of(root, n) for n in procs})
     recs = [r for n in procs for r in records(log_of(root, n))]
     (step,) = {r["step"] for r in recs if r["event"] == "left"}
     assert not [r for r in recs if r["event"] in ("resumed", "shards_lost")]

@@ -102,8 +102,8 @@ class Pods:
         """The launcher's own PID (a warm start's, not its shim's: tests/warmstart)."""
         return started_pid(self.procs[node].pid)
 
-    def worker_pid(self, node: str) -> int | None:
-        """The launcher's worker: its one child process (torchrun standalone, one rank)."""
+    def worker_pids(self, node: str) -> list[int]:
+        """The launcher's workers: its child processes, one per local rank."""
         pid = self.launcher_pid(node)
         kids: list[int] = []
         for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -111,7 +111,12 @@ class Pods:
                 kids += [int(k) for k in (task / "children").read_text().split()]
             except OSError:
                 continue
-        return started_pid(kids[0]) if len(kids) == 1 else None
+        return sorted(started_pid(k) for k in kids)
+
+    def worker_pid(self, node: str) -> int | None:
+        """The launcher's worker: its one child process (torchrun standalone, one rank)."""
+        kids = self.worker_pids(node)
+        return kids[0] if len(kids) == 1 else None
 
     def log(self, node: str) -> str:
         return (self.root / f"{node}.log").read_text(errors="replace")[-4000:]

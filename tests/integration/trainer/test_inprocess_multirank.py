@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.ports import free_port
-from tests.warmstart import started_pid
 
 from .conftest import load_checkpoint
 from .test_elastic import assert_identical
@@ -50,17 +49,6 @@ POD = {"PET_NPROC_PER_NODE": "2", "GLOBAL_BATCH_SIZE": "24", "MICRO_BATCH_SIZE":
 
 
 class MultiRankPods(Pods):
-    def worker_pids(self, node: str) -> list[int]:
-        """The launcher's workers: its child processes, one per local rank."""
-        pid = self.launcher_pid(node)
-        kids: list[int] = []
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                kids += [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-        return sorted(started_pid(k) for k in kids)
-
     def signal_pod(self, node: str, sig: signal.Signals) -> None:
         """`sig` to every process of the pod: each local rank's session (torch starts each
         worker in one of its own), the launcher's group and a warm start's shims."""
@@ -223,6 +211,23 @@ def rank_processes(root: Path, pod: str, port: int, run: str, replicas: int,
         for r in range(2)}
 
 
+def pod_b_leaves_at_step_6(procs: dict[str, subprocess.Popen[bytes]],
+                           logs: dict[str, Path]) -> None:
+    """Pod b's two ranks get their SIGTERM once step 6 trained (what its launcher forwards);
+    every rank then ends 0."""
+    try:
+        wait_for(lambda: max((r["step"] for n in procs for r in records(logs[n])
+                              if r["event"] == "step"), default=0) >= 6, "step 6")
+        for node in ("b/0", "b/1"):
+            procs[node].send_signal(signal.SIGTERM)
+        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert set(codes.values()) == {0}, {n: logs[n].read_text()[-3000:] for n in procs}
+
+
 def test_the_survivor_pod_equals_a_restart_at_the_smaller_world_bit_for_bit(
         job_store: Any, tmp_path: Path) -> None:
     """Two pods of two ranks, pod b leaves with a SIGTERM to both its ranks (what its launcher
@@ -236,17 +241,7 @@ def test_the_survivor_pod_equals_a_restart_at_the_smaller_world_bit_for_bit(
     procs = {**rank_processes(a_root, "a", job_store.port, "ranks-a", 2),
              **rank_processes(a_root, "b", job_store.port, "ranks-a", 2)}
     logs = {n: a_root / f"{n.replace('/', '-')}.log" for n in procs}
-    try:
-        wait_for(lambda: max((r["step"] for n in procs for r in records(logs[n])
-                              if r["event"] == "step"), default=0) >= 6, "step 6")
-        for node in ("b/0", "b/1"):
-            procs[node].send_signal(signal.SIGTERM)
-        codes = {n: p.wait(timeout=240) for n, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    assert set(codes.values()) == {0}, {n: logs[n].read_text()[-3000:] for n in procs}
+    pod_b_leaves_at_step_6(procs, logs)
     left = {r["step"] for n in ("b/0", "b/1") for r in records(logs[n]) if r["event"] == "left"}
     assert len(left) == 1, left
     (step,) = left
