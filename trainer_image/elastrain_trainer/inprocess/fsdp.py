@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
+from elastrain_trainer.inprocess import nccl
 from elastrain_trainer.inprocess.membership import Plan
 from elastrain_trainer.inprocess.reshard import chunk_rows, row_moves
 from elastrain_trainer.inprocess.transfer import TransferError
@@ -191,7 +192,8 @@ def new_mesh(shape: tuple[int, ...]) -> DeviceMesh:
     default mesh came back with the old generation's coordinate here (two ranks then held
     "chunk 1" and DCP's save refused the plan)."""
     n = next(_meshes)
-    return init_device_mesh("cpu", shape,
+    device = "cuda" if nccl.has_device_backend(None) else "cpu"  # the generation's device
+    return init_device_mesh(device, shape,
                             mesh_dim_names=tuple(f"elastrain_{n}_{d}" for d in range(len(shape))))
 
 

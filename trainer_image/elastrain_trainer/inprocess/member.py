@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import signal
 import time
 import uuid
@@ -36,14 +35,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import regroup, rewrap, sever, transfer
+from elastrain_trainer.inprocess import regroup, rewrap, transfer
 from elastrain_trainer.inprocess.admission import Admission
 from elastrain_trainer.inprocess.fence import StoreFence
+from elastrain_trainer.inprocess.generation import Generation
 from elastrain_trainer.inprocess.heartbeat import Heartbeat
 from elastrain_trainer.inprocess.hold import LeaveHold
 from elastrain_trainer.inprocess.member_config import (
@@ -65,7 +64,6 @@ from elastrain_trainer.inprocess.membership import (
     pod_of,
     successor_order,
 )
-from elastrain_trainer.inprocess.sever import Held
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.inprocess.stuck import StuckWatch, bound_for
 from elastrain_trainer.parallel import Groups
@@ -87,7 +85,6 @@ class Member(Admission):
         self.founded: Epoch | None = None  # a store founded under this world (section 7)
         self._reconnects = 0
         self.plan: Plan | None = None
-        self.groups: Groups | None = None
         self.last: Change | None = None
         self.signalled = False
         self._leave_sent = False
@@ -104,9 +101,9 @@ class Member(Admission):
         self._desired_sent: int | None = None
         self._lost_sent: set[str] = set()  # nodes this one asked to leave for the operator
         self.resharder: Resharding | None = None  # FSDP2: set by the Session
-        # The sockets of the groups in use and the generations they serve (kept plans reuse
-        # them): what the heartbeat thread severs when one of those generations fails.
-        self._held = Held(cfg.node_id, lambda *a: self.store.publish_listeners(*a))
+        # The groups of the generation in use, and what the heartbeat ends when it fails.
+        self.generation = Generation(cfg.node_id,
+                                     lambda *a: self.store.publish_listeners(*a), cfg.device)
         # What the checkpoint manager asks before a commit: is this node still in the world?
         self.stuck = StuckWatch(cfg.node_id, bound_for(cfg.heartbeat_timeout_s),
                                 lambda gen: (self.plan is not None and self.plan.gen == gen
@@ -126,8 +123,12 @@ class Member(Admission):
 
     def wait_alone(self) -> None:
         """A private world of one, so the script can build its DDP before it is admitted."""
-        regroup.destroy()
-        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        self.generation.wait_alone()
+
+    @property
+    def groups(self) -> Groups | None:
+        """The Session's side groups of the generation in use (None: in none)."""
+        return self.generation.groups
 
     def _keep_claim(self) -> Epoch | None:
         """The claim this node makes on a store that came back empty: a node in a generation
@@ -135,13 +136,8 @@ class Member(Admission):
         return Epoch(True, self.node_id, uuid.uuid4().hex) if self.plan is not None else None
 
     def release(self, model: nn.Module | None) -> None:
-        """Leave the current group and free it now (gloo closes its sockets only when the last
-        reference goes: DDP's Reducer holds one, the side groups are more)."""
-        if isinstance(model, DDP):
-            rewrap.release_ddp(model)
-        self.groups = None
-        regroup.destroy()
-        gc.collect()
+        """Leave the current group and free it now (Generation.release)."""
+        self.generation.release(model)
 
     def _enter(self, plan: Plan) -> None:
         t0 = time.monotonic()
@@ -150,17 +146,13 @@ class Member(Admission):
         assert rank is not None
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares, plan.lost)
         self.cfg.on_role("member")
-        self._held.groups = None
+        self.generation.forget()
         if plan.reason == "start":
-            before = sever.socket_fds()
-            self.groups = regroup.init_generation(self.store.pg_store(plan.gen), rank,
-                                                  plan.world_size,
-                                                  init_timeout=regroup.ARRIVAL_TIMEOUT)
+            self.generation.form(plan.gen, plan.nodes, self.store.pg_store(plan.gen), rank,
+                                 plan.world_size, regroup.ARRIVAL_TIMEOUT)
         else:
             self._arrive(plan)
-            before = sever.socket_fds()
             self._init_entered(plan, rank)
-        self._held.formed(plan.gen, plan.nodes, before)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
         self.last = Change(plan, regroup_s=time.monotonic() - t0)
@@ -172,7 +164,7 @@ class Member(Admission):
         Its sockets serve the new generation too, before the heartbeat watches it (a failure of
         it is severed), and its listeners are published under it (the old generations' keys
         are forgotten two generations on)."""
-        self._held.kept(plan.gen)
+        self.generation.kept(plan.gen)
         self.heartbeat.watch(plan.gen, plan.nodes, plan.spares, plan.lost)
         self.store.ack(plan.gen, self.node_id, plan.step)
         self.plan = plan
@@ -209,9 +201,8 @@ class Member(Admission):
         ENTRY_INIT_TIMEOUT, after which the generation is failed here like one a node never
         arrived at (EntryFailedError: report, plan the next without the silent)."""
         try:
-            self.groups = regroup.init_generation(
-                self.store.pg_store(plan.gen), rank, plan.world_size,
-                init_timeout=regroup.ENTRY_INIT_TIMEOUT)
+            self.generation.form(plan.gen, plan.nodes, self.store.pg_store(plan.gen), rank,
+                                 plan.world_size, regroup.ENTRY_INIT_TIMEOUT)
         except dist.DistError as e:
             regroup.destroy()
             lost = sorted(set(plan.nodes) & (self.heartbeat.silent() | self.heartbeat.dead()))
@@ -376,8 +367,8 @@ class Member(Admission):
             if self.node_id in plan.spares:
                 # Set aside (the desired world shrank): wait as a spare, in this process, and
                 # enter a later plan healed like any node that was not in the world before.
-                regroup.destroy()
-                self.groups, self.plan = None, None
+                self.generation.release()
+                self.plan = None
                 self.heartbeat.watch(plan.gen, ())
                 return self._await(plan.gen)
             alone = failed or self.groups is None  # the old group is gone (a failure)
@@ -386,7 +377,7 @@ class Member(Admission):
             if (plan.reason == "stop" and self.node_id in plan.saving
                     and not (alone and self.resharder is not None)):
                 if alone:
-                    self.groups = self._alone()
+                    self.generation.alone()
                 self.dissolving = True  # the group stays for the Session's last save
                 self._stop_gen = plan.gen
                 return None
@@ -427,12 +418,6 @@ class Member(Admission):
             store = self._connect(timedelta(seconds=2))
             store.announce_rejoin(pod_of(self.node_id), store.generation())
 
-    def _alone(self) -> Groups:
-        """A private world of one (its groups on a store of its own), for a save that no
-        other node of the failed group shares."""
-        regroup.destroy()
-        return regroup.init_generation(HashStore(), 0, 1)
-
     def _replan(self, failed: Plan, step: int, error: str) -> None:
         """`failed`'s group never formed: mark it failed, report the state this node holds
         (-1: none, a joiner) and, as after a failed collective, let the first live node in
@@ -441,21 +426,22 @@ class Member(Admission):
         self.store.report(failed.gen, self.node_id, step)
         self._plan_after_failure(failed)
 
-    def adopt_groups(self, before: Iterable[int]) -> None:
-        """The script made a group in this generation (`before`: socket_fds() before it did):
-        its sockets are severed with the generation's, its listeners published for the peers
+    def adopt_groups(self, before: Iterable[int], group: dist.ProcessGroup | None = None) -> None:
+        """The script (or a mesh) made `group` in this generation (`before`: socket_fds()
+        before it did): its sockets are severed with the generation's, its listeners published
+        for the peers, and on GPUs its NCCL communicators aborted with the generation's
         (inprocess.user_groups)."""
         if self.plan is not None:
-            self._held.adopt(self.plan.gen, before)
+            self.generation.adopt(self.plan.gen, before, group)
 
     # -- without notice --------------------------------------------------------------------
     def _sever(self, gen: int, store: MembershipStore) -> None:
         """The heartbeat thread's: generation `gen` failed. If this node's groups serve it, shut
         down their pairs (`inprocess.sever`): a collective blocked on a peer that went dark
         fails now, as on a killed peer, instead of at its timeout."""
-        severed = self._held.sever(gen, store.listeners)
-        if severed is not None:
-            emit("severed", node=self.node_id, gen=gen, sockets=severed)
+        ended = self.generation.end_failed(gen, store.listeners)
+        if ended is not None:
+            emit("severed", node=self.node_id, gen=gen, **ended)
             self.stuck.severed(gen)  # the bound behind the sever (inprocess.stuck)
 
     def recover(self, step: int, error: str, model: nn.Module | None = None) -> Plan | None:
@@ -476,6 +462,9 @@ class Member(Admission):
         assert self.plan is not None
         old = self.plan
         self.store.mark_failed(old.gen, self.node_id, error)
+        # A gloo side group may have failed first while NCCL kernels still wait on the lost
+        # peer: abort them before the destroy, which would wait for them (inprocess.nccl).
+        self.generation.abort(old.gen)
         self.release(model)
         if self.unhealed:  # lost during its own heal: it holds no step (a joiner's -1)
             step = -1
@@ -510,8 +499,7 @@ class Member(Admission):
     def dissolve(self) -> None:
         """After a stop's last save (committed or failed): leave the old group for good, and
         say so, so the next start need not wait for this node's heartbeat to go silent."""
-        self.groups = None
-        regroup.destroy()
+        self.generation.release()
         self.plan = None
         if self._stop_gen is not None:
             with contextlib.suppress(dist.DistError):  # the store away: judged by heartbeat

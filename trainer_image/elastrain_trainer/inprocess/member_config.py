@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+import torch
+
 from elastrain_trainer.inprocess.heartbeat import DEFAULT_TIMEOUT_S
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 
@@ -60,6 +62,8 @@ class MemberConfig:
     lost: Callable[[], Collection[str]] = frozenset
     # A pod the plan names lost announced its rejoin (heartbeat.Heartbeat's on_rejoin).
     on_rejoin: Callable[[str], None] = lambda pod: None
+    # This rank's CUDA device: generations form on NCCL there (inprocess.nccl). None: gloo.
+    device: torch.device | None = None
 
 
 class Resharding(Protocol):

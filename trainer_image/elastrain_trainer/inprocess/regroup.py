@@ -1,19 +1,21 @@
-"""Re-form the process group in the same process (docs/recovery.md section 4; gloo).
+"""Re-form the process group in the same process (docs/recovery.md section 4).
 
 Destroy the default group (and with it the side groups), then init the next generation's on its
 own store prefix, `gen/<g>/pg/`, so no key of an old generation is ever read again. A gloo group
 with a dead peer tears down at once; closing our sockets is also what makes the other
-survivors' pending collectives fail (section 8). NCCL (abort, not destroy) is documented in the
-design and not implemented: `init_generation` refuses it.
+survivors' pending collectives fail (section 8). On GPUs the default group is NCCL's for CUDA
+tensors, bound to the rank's device, and a failed one is aborted first (inprocess.nccl).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed import HashStore, Store  # type: ignore[attr-defined]
 
+from elastrain_trainer.inprocess import nccl
 from elastrain_trainer.parallel import COLLECTIVE_TIMEOUT, Groups
 
 # In-process mode's collective timeout (section 8): the backstop when neither a closed socket nor
@@ -53,20 +55,20 @@ def destroy() -> None:
 
 
 def init_generation(store: Store, rank: int, world_size: int, *,
-                    backend: str = "gloo",
+                    device: torch.device | None = None,
                     timeout: timedelta = INPROCESS_COLLECTIVE_TIMEOUT,
                     init_timeout: timedelta | None = None) -> Groups:
     """The default group of a generation on `store` (already its own prefix), then the
     Session's two gloo side groups, in the same order on every rank (new_group is collective);
     the checkpoint group waits at least CHECKPOINT_COLLECTIVE_TIMEOUT. `init_timeout` bounds
     the forming of the three groups (each rendezvous waits that long for a missing rank: a
-    DistError); their collectives then wait `timeout`."""
-    if backend != "gloo":
-        raise ValueError(f"in-process recovery: backend {backend!r} is not implemented yet "
-                         "(gloo only; NCCL needs abort + re-init, docs/recovery.md section 4)")
+    DistError); their collectives then wait `timeout`. A CUDA `device`: the default group is
+    NCCL's for CUDA tensors, its communicators made at init on that device (inprocess.nccl)."""
+    backend = nccl.backend_for(device) if device is not None else nccl.GLOO
     forming = init_timeout or timeout
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=forming)
+                            timeout=forming,
+                            device_id=device if nccl.is_device_backend(backend) else None)
     control = dist.new_group(backend="gloo", timeout=forming)
     checkpoint = dist.new_group(backend="gloo", timeout=forming)
     assert isinstance(control, dist.ProcessGroup) and isinstance(checkpoint, dist.ProcessGroup)

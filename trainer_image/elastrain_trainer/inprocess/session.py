@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import faults, metrics
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess import fsdp, hsdp, rewrap, transfer, user_groups
+from elastrain_trainer.inprocess import fsdp, hsdp, nccl, rewrap, transfer, user_groups
 from elastrain_trainer.inprocess.config import InProcessConfig
 from elastrain_trainer.inprocess.fsdp import Build
 from elastrain_trainer.inprocess.hold import hold_budget_s, wait_for_joiner
@@ -110,9 +110,17 @@ def known_world_size(denv: DistEnv) -> int | None:
 
 
 class InProcessRuntime:
-    def __init__(self, cfg: InProcessConfig, *, global_batch: int, micro_batch: int) -> None:
+    def __init__(self, cfg: InProcessConfig, *, global_batch: int, micro_batch: int,
+                 device: torch.device | None = None) -> None:
         rewrap.check_supported()
         self.cfg = cfg
+        on_gpu = device is not None and device.type == "cuda"
+        if on_gpu:  # before any NCCL group exists (inprocess.nccl)
+            assert device is not None
+            handling = nccl.prepare_error_handling(os.environ)
+            torch.cuda.set_device(device)
+            emit("inprocess_on_gpu", node=cfg.node_id, device=str(device),
+                 async_error_handling=handling, experimental=True)
         self.member = self.needing_store(lambda: Member(MemberConfig(
             node_id=cfg.node_id, store_host=cfg.store_host, store_port=cfg.store_port,
             run_id=cfg.run_id, expected=cfg.replicas,
@@ -121,7 +129,8 @@ class InProcessRuntime:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, spares=cfg.spares,
             desired=metrics.desired_replicas, on_role=metrics.record_role,
             moving=metrics.moving_pods, hold_budget_s=hold_budget_s(),
-            lost=metrics.lost_pods, on_rejoin=metrics.record_rejoining)))
+            lost=metrics.lost_pods, on_rejoin=metrics.record_rejoining,
+            device=device if on_gpu else None)))
         self.member.wait_alone()
         user_groups.track(self.member.adopt_groups)  # the script's groups are severed too
         self.peer_loss = PeerLoss()

@@ -21,7 +21,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from elastrain_trainer.inprocess import sever
 
-Adopt = Callable[[Iterable[int]], None]
+Adopt = Callable[[Iterable[int], Any], None]  # (socket_fds() before, the group made)
 _adopt: list[Adopt] = []  # the process's member (one per process), set by track()
 
 
@@ -38,7 +38,7 @@ def track(adopt: Adopt) -> None:
         before = sever.socket_fds()
         group = original(*args, **kwargs)
         for hand_over in _adopt:
-            hand_over(before)
+            hand_over(before, group)
         return group
 
     new_group.elastrain_tracked = True  # type: ignore[attr-defined]

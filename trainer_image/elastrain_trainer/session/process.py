@@ -50,7 +50,8 @@ def init_distributed() -> DistEnv:
         if process.inprocess is None:
             cfg = TrainerConfig.from_env(os.environ, [])
             process.inprocess = InProcessRuntime(inprocess, global_batch=cfg.global_batch_size,
-                                                 micro_batch=cfg.micro_batch_size)
+                                                 micro_batch=cfg.micro_batch_size,
+                                                 device=denv.device)
         return process.inprocess.env(denv)
     if not dist.is_initialized():
         process.groups = _init_all(denv)
