@@ -46,6 +46,8 @@ def _header(job: TrainingJob) -> list[str]:
            else "every worker restarts from the newest checkpoint")
     chosen = "" if spec.recovery.mode is not None else ", spec.recovery.mode unset"
     lines.append(f"Recovery: {spec.recovery_mode} ({how}{chosen})")
+    if spec.experimental is not None:
+        lines.append(f"Experimental: {spec.experimental}")
     if s.queue is not None:
         q = s.queue
         admitted = "" if q.admitted_workers is None else f", {q.admitted_workers} workers"

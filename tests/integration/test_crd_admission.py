@@ -15,7 +15,7 @@ from elastrain_operator.model.pod import RESERVED_VOLUMES_MESSAGE
 from elastrain_operator.model.spec import (
     DEFAULT_MODE_CHANGE_MESSAGE,
     INPROCESS_COMMAND_MESSAGE,
-    INPROCESS_GPU_MESSAGE,
+    NCCL_ERROR_HANDLING_MESSAGE,
     MAX_WORKERS,
     SPARES_BOUND_MESSAGE,
     SPARES_METRICS_MESSAGE,
@@ -254,9 +254,11 @@ INVALID: list[tuple[str, Mutation, list[Cause]]] = [
     ("inprocess-stock-torchrun", both(set_path("recovery", {"mode": "InProcess"}),
                                       set_path("command", ["torchrun", "train.py"])),
      [rule("spec.recovery.mode", INPROCESS_COMMAND_MESSAGE)]),
-    ("inprocess-gpu", both(set_path("recovery", {"mode": "InProcess"}),
-                           set_path("resources", {"limits": {"nvidia.com/gpu": 1}})),
-     [rule("spec.recovery.mode", INPROCESS_GPU_MESSAGE)]),
+    ("inprocess-gpu-error-handling", both(
+        set_path("recovery", {"mode": "InProcess"}),
+        set_path("resources", {"limits": {"nvidia.com/gpu": 1}}),
+        set_path("env", [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "3"}])),
+     [rule("spec.env", NCCL_ERROR_HANDLING_MESSAGE)]),
     ("spares-negative", both(set_path("recovery", {"mode": "InProcess"}), set_path("spares", -1)),
      [bound("spec.spares", -1, "be greater than or equal to 0")]),
     ("spares-in-restart-mode", both(set_path("recovery", {"mode": "Restart"}),
@@ -406,6 +408,18 @@ def test_several_ranks_per_pod_are_admitted_in_process_when_asked(
     stored = create(api, kube_namespace, manifest)["spec"]
     assert (stored["nprocPerNode"], stored["strategy"], stored["recovery"]["mode"]) == (
         2, "hsdp", "InProcess")
+
+
+def test_a_gpu_job_is_admitted_in_process_when_asked(api: client.CustomObjectsApi,
+                                                     kube_namespace: str) -> None:
+    """Experimental (issue 35 item 3): admitted, with error handling that keeps the process."""
+    manifest = make_job_manifest("inprocess-gpu", nprocPerNode=8, strategy="hsdp",
+                                 recovery={"mode": "InProcess"},
+                                 resources={"limits": {"nvidia.com/gpu": 8}},
+                                 env=[{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "2"}])
+    stored = create(api, kube_namespace, manifest)["spec"]
+    assert (stored["recovery"]["mode"], stored["resources"]["limits"]["nvidia.com/gpu"]) == (
+        "InProcess", 8)
 
 
 @pytest.mark.parametrize("uri", ["gs://my_bucket.example/runs/1", "az://ckpts/runs/1",

@@ -19,6 +19,7 @@ CHECKPOINT_FALLBACK: Final = "CheckpointFallback"  # a resume skipped a damaged 
 RENDEZVOUS_STORE_READY: Final = "RendezvousStoreReady"  # the rendezvous store pod is Ready
 NODE_DISRUPTION_NOTICE: Final = "NodeDisruptionNotice"  # a worker's node gave notice (a move)
 ADMITTED: Final = "Admitted"          # Kueue admitted the job's Workload (Kueue jobs only)
+EXPERIMENTAL: Final = "Experimental"  # part of how the job runs is not verified (jobs so run)
 
 # --- reasons ---------------------------------------------------------------------------------
 QUEUED: Final = "Queued"                               # waiting in a Kueue LocalQueue for quota
@@ -51,6 +52,7 @@ JOB_FINISHING: Final = "JobFinishing"                  # a worker finished; wait
 RECOVERED: Final = "Recovered"                         # back to the desired size after a loss
 TRAINING_RESUMED: Final = "TrainingResumed"            # first training step after a loss's resume
 SCALED: Final = "Scaled"                               # spec.replicas changed
+IN_PROCESS_ON_GPU: Final = "InProcessOnGPU"            # NCCL abort + re-init, unverified
 NOT_RUNNING: Final = "NotRunning"                      # the job is not running (any cause)
 NOT_SUSPENDED: Final = "NotSuspended"                  # spec.suspend is false
 NOT_RESTARTING: Final = "NotRestarting"                # no worker is being replaced

@@ -74,8 +74,21 @@ INPROCESS_COMMAND_MESSAGE = (
     "Restart)")
 RANKS_DEFAULT_REASON = ("spec.nprocPerNode > 1 and spec.strategy hsdp run in process only "
                         "when asked (spec.recovery.mode InProcess)")
-INPROCESS_GPU_MESSAGE = ("spec.recovery.mode InProcess runs on gloo (CPU) only: NCCL abort and "
-                         "re-init are not implemented; use Restart for GPU workers")
+# GPU jobs run in process when asked, as an experiment (docs/recovery.md section 4): the NCCL
+# abort and re-init path follows torch's documented API and has not run on a GPU in
+# elastrain's tests. An unset mode keeps them in Restart.
+GPU_DEFAULT_REASON = ("a GPU job runs in process only when asked (spec.recovery.mode "
+                      "InProcess, experimental)")
+INPROCESS_GPU_EXPERIMENTAL = (
+    "in-process recovery on GPUs is experimental: NCCL's abort and re-init follow torch's "
+    "documented API but have not run on a GPU in elastrain's tests; the protocol, DDP, FSDP2 "
+    "and HSDP in process are verified on gloo (docs/recovery.md section 4)")
+NCCL_ERROR_HANDLING_NAMES = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+NCCL_ERROR_HANDLING_MESSAGE = (
+    "spec.env TORCH_NCCL_ASYNC_ERROR_HANDLING (or NCCL_ASYNC_ERROR_HANDLING) must be 0 or 2 "
+    "for a GPU job in spec.recovery.mode InProcess (unset: the trainer sets 2): 1 and 3 end the "
+    "process when NCCL's watchdog sees a failed collective, so a survivor would die with its "
+    "peer")
 # Warm spares (docs/recovery.md section 9): the trainers, not the operator, decide who waits.
 SPARES_MODE_MESSAGE = ("spec.spares needs spec.recovery.mode InProcess (in Restart mode "
                        "torchrun's rendezvous would add the spares to the world)")
@@ -263,8 +276,10 @@ _SPEC_RULES = k8s(
         GPU_REQUESTS_MESSAGE, field_path=".resources"),
     cel(f"!{_EXPLICIT_INPROCESS} || {_LAUNCHER_COMMAND}",
         INPROCESS_COMMAND_MESSAGE, field_path=".recovery.mode"),
-    cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU}",
-        INPROCESS_GPU_MESSAGE, field_path=".recovery.mode"),
+    cel(f"!{_EXPLICIT_INPROCESS} || {_NO_GPU} || !has(self.env) || !self.env.exists(e, "
+        f"e.name in {list(NCCL_ERROR_HANDLING_NAMES)} && has(e.value) && "
+        "!(e.value in ['0', '2']))",
+        NCCL_ERROR_HANDLING_MESSAGE, field_path=".env"),
     # Unset: the mode follows from fields that an update may change; the job keeps the one
     # it started with (its pods speak that protocol), so such an update is refused.
     cel(f"has(self.recovery.mode) || {_can_run('self')} == {_can_run('oldSelf')}",
@@ -382,14 +397,17 @@ class TrainingJobSpec(ApiModel):
         """Why this job cannot run in process (None: it can)."""
         if self.command is not None and "elastrain_trainer.launch" not in self.command:
             return INPROCESS_COMMAND_MESSAGE
-        if self.gpu_count:
-            return INPROCESS_GPU_MESSAGE
+        if self.gpu_count and any(e.name in NCCL_ERROR_HANDLING_NAMES and e.value is not None
+                                  and e.value not in ("0", "2") for e in self.env):
+            return NCCL_ERROR_HANDLING_MESSAGE
         return None
 
     def _restart_by_default(self) -> str | None:
         """Why an unset mode is Restart for this job (None: it is InProcess)."""
         if refusal := self._inprocess_refusal():
             return refusal
+        if self.gpu_count:
+            return GPU_DEFAULT_REASON
         if ((self.nproc_per_node is not None and self.nproc_per_node != 1)
                 or self.strategy == "hsdp"):
             return RANKS_DEFAULT_REASON
@@ -406,6 +424,11 @@ class TrainingJobSpec(ApiModel):
     @property
     def in_process(self) -> bool:
         return self.recovery_mode == "InProcess"
+
+    @property
+    def experimental(self) -> str | None:
+        """What of the job's mode is not verified (None: all of it is)."""
+        return INPROCESS_GPU_EXPERIMENTAL if self.in_process and self.gpu_count else None
 
     @property
     def gpu_count(self) -> int:

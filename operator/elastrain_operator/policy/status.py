@@ -239,6 +239,8 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
         put(c.CHECKPOINTS_FAILING, checkpoints)
     if (fallback := fallback_condition(outcome.fallback or job.status.checkpoint_fallback)):
         put(c.CHECKPOINT_FALLBACK, fallback)
+    if (experimental := job.spec.experimental) is not None:
+        put(c.EXPERIMENTAL, (True, c.IN_PROCESS_ON_GPU, experimental))
     if phase == "Suspended":
         put(c.RENDEZVOUS_STORE_READY, (False, c.JOB_SUSPENDED, "spec.suspend is true"))
     elif phase == "Queued":

@@ -47,6 +47,21 @@ def test_describe_shows_workers_budgets_progress_and_losses() -> None:
     restart = started(recovery={"mode": "Restart"})
     assert "Recovery: Restart (every worker restarts from the newest checkpoint)\n" in (
         describe_job(restart.job, list(restart.pods.values())))
+    assert "Experimental" not in text
+
+
+def test_describe_and_status_mark_inprocess_on_gpus_experimental() -> None:
+    w = started(recovery={"mode": "InProcess"},
+                resources={"limits": {"cpu": "1", "nvidia.com/gpu": 1}})
+    w.reconcile(T0, progress=None)
+    [cond] = [c for c in w.job["status"]["conditions"] if c["type"] == "Experimental"]
+    assert cond["status"] == "True" and cond["reason"] == "InProcessOnGPU"
+    assert "have not run on a GPU in elastrain's tests" in cond["message"]
+    text = describe_job(w.job, list(w.pods.values()))
+    assert f"Experimental: {cond['message']}\n" in text
+    cpu = started(recovery={"mode": "InProcess"})
+    cpu.reconcile(T0, progress=None)
+    assert not [c for c in cpu.job["status"]["conditions"] if c["type"] == "Experimental"]
 
 
 def test_describe_shows_the_last_training_recovery() -> None:

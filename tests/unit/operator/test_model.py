@@ -53,8 +53,9 @@ def test_camel_case_round_trip() -> None:
     ({"bogus": 1}, "bogus"),
     ({"recovery": {"mode": "InProcess"}, "command": ["torchrun", "train.py"]},
      "spec.recovery.mode InProcess needs elastrain's launcher"),
-    ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
-     "spec.recovery.mode InProcess runs on gloo (CPU) only"),
+    ({"recovery": {"mode": "InProcess"}, "resources": {"limits": {"nvidia.com/gpu": 1}},
+      "env": [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "3"}]},
+     "spec.env TORCH_NCCL_ASYNC_ERROR_HANDLING (or NCCL_ASYNC_ERROR_HANDLING) must be 0 or 2"),
     ({"recovery": {"heartbeatTimeoutSeconds": 1}}, "heartbeatTimeoutSeconds"),
     ({"recovery": {"nodeLossTolerationSeconds": 3601}}, "nodeLossTolerationSeconds"),
     ({"spares": -1}, "spares"),
@@ -101,6 +102,18 @@ def test_inprocess_accepts_several_ranks_per_pod_when_asked() -> None:
     assert spec(recovery={"mode": "InProcess"}, nprocPerNode=2, strategy="hsdp").in_process
     # Unset, such a job stays in the mode it got before (no running job changes protocol).
     assert spec(nprocPerNode=2).recovery_mode == "Restart"
+
+
+def test_inprocess_on_gpus_is_accepted_when_asked_and_marked_experimental() -> None:
+    gpu = {"limits": {"nvidia.com/gpu": 8}}
+    s = spec(recovery={"mode": "InProcess"}, resources=gpu, nprocPerNode=8, strategy="hsdp",
+             env=[{"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "2"}])
+    assert s.in_process and s.experimental is not None
+    assert "experimental" in s.experimental and "not run on a GPU" in s.experimental
+    # Unset, a GPU job stays in Restart, where nothing is experimental.
+    assert spec(resources=gpu).recovery_mode == "Restart"
+    assert spec(resources=gpu).experimental is None
+    assert spec(recovery={"mode": "InProcess"}).experimental is None  # CPU: verified
 
 
 def test_inprocess_accepts_the_launcher_named_in_a_command() -> None:
