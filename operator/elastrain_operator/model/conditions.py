@@ -53,6 +53,7 @@ RECOVERED: Final = "Recovered"                         # back to the desired siz
 TRAINING_RESUMED: Final = "TrainingResumed"            # first training step after a loss's resume
 SCALED: Final = "Scaled"                               # spec.replicas changed
 IN_PROCESS_ON_GPU: Final = "InProcessOnGPU"            # NCCL abort + re-init, unverified
+VERIFIED: Final = "Verified"                           # no longer run in an unverified way
 NOT_RUNNING: Final = "NotRunning"                      # the job is not running (any cause)
 NOT_SUSPENDED: Final = "NotSuspended"                  # spec.suspend is false
 NOT_RESTARTING: Final = "NotRestarting"                # no worker is being replaced

@@ -241,6 +241,8 @@ def _conditions(job: TrainingJob, phase: Phase, counts: WorkerCounts, outcome: O
         put(c.CHECKPOINT_FALLBACK, fallback)
     if (experimental := job.spec.experimental) is not None:
         put(c.EXPERIMENTAL, (True, c.IN_PROCESS_ON_GPU, experimental))
+    elif find_condition(conds, c.EXPERIMENTAL):  # an update took the job off that path
+        put(c.EXPERIMENTAL, (False, c.VERIFIED, "the job's recovery mode is verified"))
     if phase == "Suspended":
         put(c.RENDEZVOUS_STORE_READY, (False, c.JOB_SUSPENDED, "spec.suspend is true"))
     elif phase == "Queued":

@@ -62,6 +62,12 @@ def test_describe_and_status_mark_inprocess_on_gpus_experimental() -> None:
     cpu = started(recovery={"mode": "InProcess"})
     cpu.reconcile(T0, progress=None)
     assert not [c for c in cpu.job["status"]["conditions"] if c["type"] == "Experimental"]
+    # An update to Restart takes the job off that path: the condition says so, not stale.
+    w.job["spec"]["recovery"]["mode"] = "Restart"
+    w.reconcile(T0, progress=None)
+    [cond] = [c for c in w.job["status"]["conditions"] if c["type"] == "Experimental"]
+    assert (cond["status"], cond["reason"]) == ("False", "Verified")
+    assert "Experimental" not in describe_job(w.job, list(w.pods.values()))
 
 
 def test_describe_shows_the_last_training_recovery() -> None:
