@@ -24,6 +24,15 @@
    again. When the partition lifts, the dark worker's processes end without a step or a commit
    beside the world: every commit since the partition is of a newer group (generations rise in
    commit order), none fenced, `latest` the newest.
+3. Item 4 in Restart mode: node 2's kubelet and containerd stopped. Its worker's processes run
+   on (no kubelet to stop them). Once node 2 is NotReady the operator counts the worker once
+   as a failure, force-deletes its pod and creates the replacement on node 1 at once, long
+   before the 300 s Kubernetes gives by default, and the group re-forms with it at world 3.
+   When the runtime comes back, node 2's kubelet ends the orphan (its pod is gone); the group
+   trains on whole, nothing more is counted, `latest` is the newest commit. (In the first run
+   here, whose orphan log was kept, the orphan's own connections to the job's store failed
+   right after the stop, "Network is unreachable", so it held no place the replacement had to
+   wait for.)
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from tests.e2e.two_nodes import (
     NODE_1,
     TwoNodeJob,
     job_on_two_nodes,
+    node_ready,
     pod_processes,
     settled_commits,
 )
@@ -240,3 +250,63 @@ def test_2_a_partitioned_worker_restarts_the_group_by_the_heartbeat_and_stays_fe
                     whole_s=round(float(whole["time"]) - at, 1))
     print(f"{dark} partitioned: training at world 2 {float(first['time']) - at:.1f} s after, "
           f"whole again ({replacement}) {float(whole['time']) - at:.1f} s after")
+
+
+def test_3_a_node_whose_runtime_stopped_is_counted_once_and_replaced_on_node_1(
+        two: TwoNodeJob) -> None:
+    t = two
+    t.settle()
+    if t.node_of(t.worker(2)) != t.second.name:  # scenarios 1 and 2 moved it to node 1
+        t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+        t.settle(replicas=2)
+        t.put_worker_2_on_node_2()
+    orphan = t.worker(2)
+    uid = t.k.json("get", "pod", orphan, "-n", t.ns)["metadata"]["uid"]
+    assert t.node_of(orphan) == t.second.name and pod_processes(uid)
+    before = t.counters()
+    at = time.time()
+    t.second.stop_runtime()
+    try:
+        assert pod_processes(uid), "the orphan's processes stopped with its runtime"
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=240)
+        replaced_s = time.time() - at
+        wait_for("the loss counted", lambda: t.counters() != before, timeout=60)
+        assert t.counters() == (before[0], before[1] + 1), (before, t.counters())
+        loss = t.status()["recentLosses"][-1]
+        assert (loss["pod"], loss["kind"]) == (orphan, "Failed"), loss
+        assert loss["reason"].startswith(f"node {t.second.name} lost"), loss
+        # Force-deleted while node 2 is NotReady: not left to the taint manager's eviction.
+        assert t.k("get", "pod", orphan, "-n", t.ns, check=False).returncode != 0
+        assert not node_ready(t, t.second.name)
+        mark = time.time()
+        wait_for("training on while the runtime is away", lambda: [
+            r for r in t.logs.events("step") if float(r["time"]) > mark], timeout=120)
+    finally:
+        t.second.start_runtime()
+    back = time.time()
+    wait_for("the orphan's processes ended by its kubelet", lambda: not pod_processes(uid),
+             timeout=180)
+    # A worker process starts only once its rendezvous completed: the replacement's first
+    # record is its place in a group, and the group start next to it says at what size.
+    # (Step records are rank 0's alone, so they name no other pod.)
+    joined = wait_for("the replacement's trainer started in a group", lambda: next(
+        (r for r in t.logs.events("checkpoint_location_ok") if r["pod"] == replacement), None),
+        timeout=300)
+    whole = wait_for("the group whole with the replacement", lambda: next(
+        (r for r in group_starts(t.logs, float(joined["time"]) - 5)
+         if r.get("world_size") == 3), None), timeout=120)
+    wait_for("steps at world 3 after the runtime came back", lambda: [
+        r for r in t.logs.events("step") if float(r["time"]) > back
+        and r.get("world_size") == 3], timeout=120)
+    assert t.counters() == (before[0], before[1] + 1), (before, t.counters())
+    wait_for("a commit after the group is whole", lambda: [
+        r for r in t.logs.events("checkpoint_saved") if float(r["time"]) > float(whole["time"])],
+        timeout=120)
+    made, latest, newest = settled_commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"] and c["at"] > at], made
+    assert latest == newest["dir"], (latest, newest)
+    record_recovery("34-runtime-stopped-restart", replaced_s, mode=RESTART, pod=orphan,
+                    whole_s=round(float(whole["time"]) - at, 1))
+    print(f"{orphan}: runtime stopped (Restart); replaced by {replacement} on node 1 after "
+          f"{replaced_s:.1f} s, world 3 with it {float(whole['time']) - at:.1f} s after the stop")
