@@ -27,6 +27,10 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
 4. Node 2 cordoned, with a spare waiting on node 1, and drained once the move is done: the
    doomed worker leaves at once and the spare takes its place; its replacement becomes the new
    spare; the drain finds none of the job's pods there. Nothing counted.
+5. The job's store moved to node 2 (its pin patched, its pod deleted: the world reclaims the
+   new one), then node 2 partitioned: the world trains on without the store, the operator
+   force-deletes the store pod once node 2 is NotReady and creates it on node 1, the world
+   reclaims it. Nothing counted, no step redone.
 
 Scenario 19 (issue 34, items 2 and 4), run after 1 on this job, already up (a job of its own
 cost ~20-25 s of the issue's 10 minutes, and scenario 2 a scale down and up to put worker 2 back
@@ -47,6 +51,8 @@ test_node_notice_restart.py's job.)
 
 from __future__ import annotations
 
+import itertools
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -473,3 +479,83 @@ def test_4_a_cordon_moves_a_worker_onto_a_waiting_spare_at_once_before_the_drain
                     **survivors_pause(t, at))
     print(f"{doomed} moved off cordoned {t.second.name}: spare {spare} in its place "
           f"{float(taken['time']) - at:.1f} s after the cordon; {replacement} the new spare")
+
+
+def store_pod(t: TwoNodeJob) -> dict[str, Any] | None:
+    """The job's store pod while it runs and is not going (None otherwise)."""
+    done = t.k("get", "pod", f"{t.job}-rdzv", "-n", t.ns, "-o", "json", check=False)
+    if done.returncode != 0:
+        return None
+    pod: dict[str, Any] = json.loads(done.stdout)
+    running = pod.get("status", {}).get("phase") == "Running"
+    return pod if running and not pod["metadata"].get("deletionTimestamp") else None
+
+
+def pin_store(t: TwoNodeJob, node: str) -> None:
+    """The store's next pod on `node` (the running one stays where it is)."""
+    t.k("patch", "trainingjob", t.job, "-n", t.ns, "--type=merge", "-p", json.dumps(
+        {"spec": {"rendezvous": {"store": {"nodeSelector": {"kubernetes.io/hostname": node}}}}}))
+
+
+def test_5_the_stores_node_partitioned_stalls_no_step_and_the_store_returns_on_node_1(
+        two: TwoNodeJob) -> None:
+    """The node that hosts the job's store goes dark (every worker on node 1: scenario 4 leaves
+    them there). The store answers nothing and closes nothing; before, the coordinator's read of
+    the store at every step boundary held the world until TCP gave up on the connection, and
+    the trainers' heartbeats never noticed. Now the world trains on (docs/recovery.md section 7,
+    "A store that stops answering"), the operator force-deletes the store pod once node 2 is
+    NotReady and creates it on node 1, and the world reclaims the new, empty store (kept: the
+    coordinator restores its generation). Nothing is counted, no worker restarted, no step
+    trained twice or lost."""
+    t = two
+    t.settle()
+    assert not [p for p in t.workers() if p["spec"].get("nodeName") == t.second.name], \
+        "scenario 4 leaves every worker on node 1"
+    # The store moved to node 2: pinned there, its pod deleted (a store lost during training,
+    # reclaimed by the world: section 7).
+    pin_store(t, t.second.name)
+    moved = time.time()
+    t.k("delete", "pod", f"{t.job}-rdzv", "-n", t.ns, "--wait=false")
+    wait_for("the store running on node 2", lambda: (p := store_pod(t)) is not None
+             and p["spec"].get("nodeName") == t.second.name, timeout=120)
+    wait_for("the world in the store on node 2", lambda: [
+        r for r in t.logs.events("store_restored") if float(r["time"]) > moved], timeout=120)
+    pin_store(t, NODE_1)  # where the operator creates it once node 2 is lost
+    t.settle()
+    before, survivors = t.counters(), t.survivors()
+    at = time.time()
+    t.second.partition()
+    try:
+        back = wait_for("the store running on node 1", lambda: (p := store_pod(t)) is not None
+                        and p["spec"].get("nodeName") == NODE_1 and p, timeout=180)
+        restored = wait_for("the world in the store on node 1", lambda: next(
+            (r for r in t.logs.events("store_restored") if float(r["time"]) > at), None),
+            timeout=120)
+        mark = time.time()
+        wait_for("10 steps in the new store", lambda: len(
+            [r for r in t.logs.events("step") if float(r["time"]) > mark]) >= 10, timeout=60)
+        assert not node_ready(t, t.second.name)
+    finally:
+        t.second.heal()
+    reasons = event_reasons(t.k, t.ns, t.job)
+    assert "StoreLost" in reasons, reasons
+    # Trained on while the store was dark: no gap near the ~50 s the store was away.
+    times = [at, *(float(r["time"]) for r in t.logs.events("step")
+                   if at < float(r["time"]) < float(restored["time"])), float(restored["time"])]
+    gap = max(b - a for a, b in itertools.pairwise(times))
+    assert gap < 10, (gap, times[:5])
+    unanswered = [r for r in t.logs.events("store_unanswered") if float(r["time"]) > at]
+    lost = {r["pod"] for r in t.logs.events("store_lost") if float(r["time"]) > at}
+    assert unanswered and lost >= set(survivors), (unanswered, lost, survivors)
+    # Nothing else changed: no regroup, nothing counted, no worker restarted or step redone.
+    assert not [r for r in t.logs.events("regroup") if float(r["time"]) > at]
+    assert t.counters() == before
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's trainer process was restarted"
+    assert steps_retrained(t.logs, at) == 0
+    store_back_s = float(restored["time"]) - at
+    record_recovery("34-store-node-partitioned", store_back_s, mode=INPROCESS,
+                    pod=back["metadata"]["name"], longest_step_gap_s=round(gap, 2),
+                    steps_while_dark=len(times) - 2)
+    print(f"store's node partitioned: {len(times) - 2} steps while it was away, longest gap "
+          f"{gap:.2f} s; the world in the new store on node 1 after {store_back_s:.1f} s")

@@ -707,7 +707,11 @@ def test_a_loss_while_the_store_is_away_ends_the_pod_as_a_lost_rendezvous_does(
         for node in ("a", "b"):
             (tmp_path / f"{node}.termination").touch()  # as Kubernetes creates it
             pods.start(node, 2)
-        wait_for(lambda: pods.stepped() >= 12, "step 12 (checkpoint 10 committed)", timeout=180)
+        # A commit first (step 12 reached did not say it on a loaded machine: the async upload
+        # of step 10 was still in flight when a's pod ended, and nothing was left to resume).
+        wait_for(lambda: pods.stepped() >= 12
+                 and scan(LocalStorage(tmp_path / "ckpt")).newest is not None,
+                 "step 12 and a committed checkpoint", timeout=180)
         store.kill()
         store.wait()
         wait_for(lambda: sum(r["event"] == "store_lost" for r in pods.all_records()) == 2,

@@ -26,6 +26,7 @@ from datetime import timedelta
 
 from elastrain_trainer.inprocess.membership import Epoch, Plan
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.inprocess.store_client import BoundedCalls
 
 # A commit waits at most this long for the store's answer (a connect, then one read).
 ANSWER_WITHIN = timedelta(seconds=5)
@@ -48,6 +49,18 @@ class StoreFence:
         self._connect, self._current, self._store_lost = connect, current, store_lost
         self._store: MembershipStore | None = None
         self._lock = threading.Lock()
+        # A store that accepts but does not answer (frozen, or its node dark) would hold the
+        # commit, and every later one, for as long as TCP keeps the connection.
+        self._calls = BoundedCalls(ANSWER_WITHIN.total_seconds(), "elastrain-fence-store")
+
+    def _generation(self) -> int:
+        store = self._store
+        if store is None:
+            store = self._connect(ANSWER_WITHIN)
+            store.raw.set_timeout(ANSWER_WITHIN)
+        if self._calls.on_current_worker():
+            self._store = store
+        return store.generation()
 
     def __call__(self) -> tuple[str, int]:
         """(store epoch, generation) for the commit's marker; FencedError refuses the commit."""
@@ -59,10 +72,7 @@ class StoreFence:
             return mine
         with self._lock:
             try:
-                if self._store is None:
-                    self._store = self._connect(ANSWER_WITHIN)
-                    self._store.raw.set_timeout(ANSWER_WITHIN)
-                current = self._store.generation()
+                current = self._calls.call(self._generation)
             except Exception:
                 self._store = None  # a new client next time
                 return mine

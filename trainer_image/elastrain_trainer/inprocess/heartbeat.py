@@ -17,6 +17,11 @@ once: the member severs its own sockets of that generation's groups (`inprocess.
 is what ends a collective blocked on a peer that went dark without closing its sockets (a
 killed process's kernel closes them itself: gloo fails at once then).
 
+A tick's requests are waited for at most twice the timeout (inprocess.store_client): a store
+that answers nothing (its node dark, its process frozen) is lost to this node then, as one that
+refuses is at once. A tick that comes more than the timeout after the previous one judges
+nobody on what it read: the silence it would see was this node's own.
+
 It also watches the pods the plan names lost (planned out without notice, not back since;
 section 10) for a sign of life: a dropped node that finds itself out of the plan announces
 its pod's rejoin before its process ends to be restarted in place (`rejoin/<pod>`: the
@@ -37,6 +42,7 @@ from datetime import timedelta
 from elastrain_trainer.events import emit
 from elastrain_trainer.inprocess.membership import Epoch, Liveness
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.inprocess.store_client import BoundedCalls
 
 DEFAULT_TIMEOUT_S = 5.0
 MIN_TIMEOUT_S = 2.0
@@ -77,6 +83,10 @@ class Heartbeat:
         self._liveness = Liveness(timeout_s)
         self._failed_gen = 0
         self._stop = threading.Event()
+        # Each tick's requests (and a reconnect's) waited for at most twice the timeout: a
+        # store that does not answer (its node dark, its process frozen) is lost to this node
+        # then, as one that refuses is at once; TCPStore's own timeouts never end such a wait.
+        self._calls = BoundedCalls(2 * timeout_s, "elastrain-heartbeat-store")
         self._thread = threading.Thread(target=self._run, name="elastrain-heartbeat",
                                         daemon=True)
         self.errors = 0
@@ -89,12 +99,16 @@ class Heartbeat:
         self._claim = claim
         self.lost = False
         self.reconnects = 0
+        # When this thread last heard the store (monotonic): a tick whose requests all came
+        # back. The training thread follows a store it gave up on once this moves past that.
+        self._answered_at = time.monotonic()
         self._on_failed = on_failed
         self._severed_gen = 0
 
     def start(self) -> Heartbeat:
         self._store = self._connect(None)
         self._store.beat(self.node_id)
+        self._answered_at = time.monotonic()
         self._thread.start()
         return self
 
@@ -135,6 +149,11 @@ class Heartbeat:
                 return frozenset()
             return self._liveness.dead(time.monotonic(), bound_s)
 
+    def answered_after(self, moment: float) -> bool:
+        """Whether this thread heard the store after `moment` (monotonic)."""
+        with self._lock:
+            return self._answered_at > moment
+
     def generation_failed(self) -> bool:
         with self._lock:
             return self._failed_gen == self._gen > 0
@@ -144,7 +163,7 @@ class Heartbeat:
             if self.lost and not self._reconnect():
                 continue
             try:
-                self._tick()
+                self._calls.call(self._tick)
             except Exception as e:  # the store lost: train on, reconnect later (section 7)
                 self.errors += 1
                 if not self.lost:
@@ -157,13 +176,12 @@ class Heartbeat:
         if not self._probe():
             return False
         try:
-            self._store = self._connect(self.beat)
-            claim = self._claim()
-            epoch = self._store.claim_epoch(claim) if claim is not None else None
+            self._store, claim, epoch = self._calls.call(self._connect_and_claim)
         except Exception:
             return False
         with self._lock:
             self._liveness = Liveness(self.timeout_s)
+            self._answered_at = time.monotonic()
             self.lost = False
         self.reconnects += 1
         emit("store_back", node=self.node_id,
@@ -171,14 +189,30 @@ class Heartbeat:
              claimed=epoch is not None and epoch == claim)
         return True
 
+    def _connect_and_claim(self) -> tuple[MembershipStore, Epoch | None, Epoch | None]:
+        """A new client, and the store's epoch after this node's claim (None: no claim)."""
+        store = self._connect(self.beat)
+        claim = self._claim()
+        return store, claim, store.claim_epoch(claim) if claim is not None else None
+
     def _tick(self) -> None:
+        """On the calls' worker (BoundedCalls): one given up while its store did not answer
+        changes nothing when the answer comes after all."""
         self._store.beat(self.node_id)
         with self._lock:
             gen, watched, spares = self._gen, self._watched, self._spares
         counters = self._store.heartbeats(watched | spares)
         failed = gen > 0 and self._store.failed(gen)
         now = time.monotonic()
+        if not self._calls.on_current_worker():
+            return
         with self._lock:
+            if now - self._answered_at > self.timeout_s:
+                # This node heard nothing for longer than the timeout (the store did not
+                # answer, or this process was paused): its peers' silence was its own. Judge
+                # each from now on, as after a reconnect.
+                self._liveness = Liveness(self.timeout_s)
+            self._answered_at = now
             self._liveness.observe(counters, now)
             dead = self._liveness.dead(now) & watched
             if failed:

@@ -65,6 +65,7 @@ from elastrain_trainer.inprocess.membership import (
     successor_order,
 )
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.inprocess.store_client import TrainingClient, within_for
 from elastrain_trainer.inprocess.stuck import StuckWatch, bound_for
 from elastrain_trainer.parallel import Groups
 
@@ -76,7 +77,9 @@ class Member(Admission):
     def __init__(self, cfg: MemberConfig) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id
-        self.store = self._connect()
+        # The training thread's client: its boundary requests bounded (inprocess.store_client).
+        self.client = TrainingClient(self._connect(), cfg.node_id,
+                                     within_for(cfg.heartbeat_timeout_s))
         self.heartbeat = Heartbeat(
             self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
             probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port),
@@ -115,6 +118,15 @@ class Member(Admission):
     def _connect(self, connect_within: timedelta | None = None) -> MembershipStore:
         return MembershipStore.connect(self.cfg.store_host, self.cfg.store_port, self.cfg.run_id,
                                        connect_within=connect_within)
+
+    @property  # type: ignore[override]
+    def store(self) -> MembershipStore:
+        """The training thread's client (StoreUnansweredError while it is given up)."""
+        return self.client.store
+
+    @store.setter
+    def store(self, client: MembershipStore) -> None:
+        self.client.replace(client)
 
     # -- entering ------------------------------------------------------------------------
     def install_signal(self) -> None:
@@ -264,25 +276,37 @@ class Member(Admission):
         assert self.plan is not None
         self._follow_store()
         founded = self.founded is not None
-        change = False
-        with contextlib.suppress(dist.DistError):
-            self._publish_desired()
-            self._plan_out_lost(self.plan, step)
-        try:  # while the store is away nothing can change: the leave waits for it
-            if self.signalled and not self._leave_sent and not self.hold.holds(self.plan):
-                self.store.request_leave(self.node_id, step)
-                self._leave_sent = True
-            change = self._leave_sent
-            if self.rank == 0:
-                change = change or self.store.pending() != self.plan.pending
-        except dist.DistError:
-            pass
+        plan = self.plan
+        # While the store is away nothing can change: the leave waits for it. A store that does
+        # not answer in time is away from then on (inprocess.store_client): the world trains on.
+        change = self._leave_sent
+        if self.client.away_since is None:
+            with contextlib.suppress(dist.DistError):
+                change = self.client.bounded(lambda: self._ask_store(plan, step))
         flags = torch.tensor([change, founded, *others], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         agreed = tuple(bool(v) for v in flags.tolist())
         if agreed[1]:  # every rank of the world ends at this boundary, together
             raise self._founded_error()
         return (agreed[0], *agreed[2:])
+
+    def _ask_store(self, plan: Plan, step: int) -> bool:
+        """The boundary's requests: what this node tells the store, and (the coordinator)
+        whether a change is pending."""
+        with contextlib.suppress(dist.DistError):
+            self._publish_desired()
+            self._plan_out_lost(plan, step)
+        change = False
+        try:
+            if self.signalled and not self._leave_sent and not self.hold.holds(plan):
+                self.store.request_leave(self.node_id, step)
+                self._leave_sent = True
+            change = self._leave_sent
+            if self.rank == 0:
+                change = change or self.store.pending() != plan.pending
+        except dist.DistError:
+            pass
+        return change
 
     def _founded_error(self) -> StoreFoundedError:
         return StoreFoundedError(self.founded.node if self.founded is not None else None)
@@ -296,18 +320,17 @@ class Member(Admission):
         first: `founded`, and the world ends at this boundary (`boundary`). `needed`: a change
         needs the store now, so a store that answers again is followed before this node's
         heartbeat thread noticed it (a beat later: its peers may have followed already)."""
-        stale = self.heartbeat.reconnects != self._reconnects or (needed and self.heartbeat.lost)
+        away = self.client.away_since
+        stale = (self.heartbeat.reconnects != self._reconnects
+                 or (needed and (self.heartbeat.lost or away is not None))
+                 or (away is not None and self.heartbeat.answered_after(away)))
         if not stale or not MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
             return
-        try:
-            store = self._connect(self.heartbeat.beat)  # a boundary waits on it: briefly
-            claim = self._keep_claim()
-            assert claim is not None and self.plan is not None
-            epoch = store.claim_epoch(claim)  # the heartbeat thread's claim, or this one
-            plan = dataclasses.replace(self.plan, pending=0, join_seq=0)
-            if epoch != self.epoch and epoch.kept and self.rank == 0:
-                store.restore(plan)
-                emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch.text())
+        claim = self._keep_claim()
+        assert claim is not None and self.plan is not None
+        plan = dataclasses.replace(self.plan, pending=0, join_seq=0)
+        try:  # a boundary waits on it: briefly (a store that accepts but does not answer)
+            store, epoch = self.client.bounded(lambda: self._claim_with_new_client(claim, plan))
         except dist.DistError:
             return  # away again: the next boundary retries
         self._reconnects, self.store = self.heartbeat.reconnects, store
@@ -317,6 +340,14 @@ class Member(Admission):
                 emit("store_founded", node=self.node_id, by=epoch.node)
             self.epoch, self.plan = epoch, plan
             self._desired_sent = None  # the empty store forgot it: say it again
+
+    def _claim_with_new_client(self, claim: Epoch, plan: Plan) -> tuple[MembershipStore, Epoch]:
+        store = self._connect(self.heartbeat.beat)
+        epoch = store.claim_epoch(claim)  # the heartbeat thread's claim, or this one
+        if epoch != self.epoch and epoch.kept and self.rank == 0:
+            store.restore(plan)
+            emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch.text())
+        return store, epoch
 
     def change(self, step: int) -> Plan | None:
         """Every rank, after boundary() agreed on a change: the coordinator plans the next

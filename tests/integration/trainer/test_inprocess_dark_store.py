@@ -1,0 +1,98 @@
+"""A job's store that goes dark while the world trains (issue 34: the node that hosts the store
+pod; docs/recovery.md section 7, "A store that stops answering").
+
+The store's process is frozen (SIGSTOP): it closes nothing and answers nothing, as a store whose
+node is partitioned or hung. Before, the coordinator's read of `pending` at every step boundary
+waited for it, and with it every rank of the world: three nodes trained no step for the whole
+15 s of a freeze. Now the boundary waits for the store at most a fifth of the heartbeat timeout
+(at least 1 s), then trains on without it; each heartbeat thread notices the loss (its own
+requests bounded by twice the timeout) and reconnects once the store answers again; nobody is
+judged dead for a silence that was the store's. After the thaw the world still changes through
+the store: a leave is planned as usual, so the training thread's client was replaced, not
+reused after a request it gave up on. Checkpoints commit meanwhile (the fence's wait for the
+store is bounded too). Seen failing with the boundary's bound off (0 steps in the 12 s, the
+gap 12.0 s) and on the code before (no heartbeat ever lost the store or came back: TCPStore's
+timeouts never end a request the server does not answer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastrain_trainer.ports import free_port
+from tests.warmstart import started_pid
+
+from .test_inprocess import wait_for
+from .test_inprocess_launcher import Pods, serve
+
+pytestmark = [pytest.mark.timeout(300)]
+FREEZE_S = 12.0
+STEPS = "160"
+
+
+def steps_between(recs: list[dict[str, Any]], start: float, end: float) -> list[float]:
+    return [r["time"] for r in recs if r["event"] == "step" and start <= r["time"] <= end]
+
+
+def test_a_frozen_store_stalls_no_step_and_the_world_changes_through_it_after(
+        tmp_path: Path) -> None:
+    port = free_port()
+    store = serve(port)
+    pods = Pods(tmp_path, port, "dark-store")
+    try:
+        for node in ("a", "b", "c"):
+            pods.start(node, 3, STEPS=STEPS, MAX_REPLICAS="3")
+        wait_for(lambda: pods.stepped() >= 10, "step 10 at world 3", timeout=180)
+        pids = {n: pods.worker_pids(n) for n in pods.procs}
+        frozen = time.time()
+        # The store's own process: under a warm start (tests/warmstart) the Popen is a shim's,
+        # which can pass a SIGSTOP on to nobody (it cannot catch it).
+        frozen_pid = started_pid(store.pid)
+        os.kill(frozen_pid, signal.SIGSTOP)
+        time.sleep(FREEZE_S)
+        os.kill(frozen_pid, signal.SIGCONT)
+        thawed = time.time()
+        wait_for(lambda: {r["node"] for r in pods.all_records() if r["event"] == "store_back"
+                          and r["time"] > thawed} == {"a", "b", "c"}, "every heartbeat back",
+                 timeout=60)
+        step_at_leave = pods.stepped()
+        pods.procs["c"].send_signal(signal.SIGTERM)
+        wait_for(lambda: [r for r in pods.all_records() if r["event"] == "regroup"
+                          and r["reason"] == "leave"], "c's leave planned")
+        kept = {n: pods.worker_pids(n) for n in ("a", "b")}
+        codes = pods.wait_all()
+    finally:
+        pods.kill_all()
+        store.kill()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    recs = pods.all_records()
+    # Trained on through the freeze: no gap near its length (it was the whole freeze before).
+    during = [frozen, *steps_between(recs, frozen, thawed), thawed]
+    gap = max(b - a for a, b in itertools.pairwise(during))
+    print(f"store frozen {FREEZE_S:.0f} s: {len(during) - 2} steps meanwhile, longest gap "
+          f"{gap:.2f} s")
+    assert gap < FREEZE_S / 3, (gap, during)
+    # Committed meanwhile: the checkpoint fence waits for the store at most 5 s, then commits
+    # (before, its request waited for the thaw and every save meanwhile was deferred).
+    saved = [r["step"] for r in recs if r["event"] == "checkpoint_saved"
+             and frozen < r["time"] < thawed]
+    assert len(set(saved)) >= 2, saved
+    unanswered = [r for r in recs if r["event"] == "store_unanswered"]
+    assert unanswered and all(frozen < r["time"] < thawed for r in unanswered), unanswered
+    lost = {r["node"] for r in recs if r["event"] == "store_lost" and r["time"] > frozen}
+    assert lost == {"a", "b", "c"}, lost
+    # Nobody judged dead for the store's silence; the only change after is c's leave.
+    changes = [r for r in recs if r["event"] == "regroup" and r["time"] > frozen]
+    assert {r["reason"] for r in changes} == {"leave"} and \
+        {r["world_size"] for r in changes} == {2}, changes
+    assert min(r["step"] for r in changes) >= step_at_leave
+    assert kept == {n: pids[n] for n in ("a", "b")}  # no worker restarted
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(STEPS) + 1)), steps  # every step once
