@@ -12,10 +12,9 @@ import uuid
 
 from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
-from elastrain_trainer.inprocess.heartbeat import Heartbeat
+from elastrain_trainer.inprocess.following import StoreFollowing
 from elastrain_trainer.inprocess.member_config import (
     EntryFailedError,
-    MemberConfig,
     PlanTimeoutError,
 )
 from elastrain_trainer.inprocess.membership import (
@@ -28,17 +27,11 @@ from elastrain_trainer.inprocess.membership import (
     plan_generation,
     pod_of,
 )
-from elastrain_trainer.inprocess.store import MembershipStore
 
 
-class Admission:
+class Admission(StoreFollowing):
     """The waiting half of a Member: its state is the Member's (set in Member.__init__)."""
 
-    cfg: MemberConfig
-    node_id: str
-    store: MembershipStore
-    heartbeat: Heartbeat
-    epoch: Epoch | None
     signalled: bool
     _join_seq: int
     _desired_sent: int | None
