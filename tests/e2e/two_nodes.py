@@ -28,6 +28,9 @@ from tests.e2e.support import (
 
 NODE_1 = "elastrain-node"
 HOLD = "elastrain.dev/e2e-hold"  # the test's own taint: not among the notices read
+# The job's store is pinned to the node with this label (spec.rendezvous is immutable: moving
+# the label moves the store's next pod).
+STORE_NODE = "elastrain.dev/e2e-store"
 KARPENTER = "karpenter.sh/disrupted"
 
 
@@ -71,6 +74,13 @@ class TwoNodeJob(Training):
                                         workers=child_processes(container_pid(self.k, self.ns,
                                                                               name)))
         return out
+
+    def store_on(self, name: str) -> None:
+        """The store's next pod on node `name` (the running one stays where it is)."""
+        for node in (NODE_1, self.second.name):
+            if node != name:
+                self.k("label", "node", node, f"{STORE_NODE}-", check=False)
+        self.k("label", "node", name, f"{STORE_NODE}=yes", "--overwrite")
 
     def put_worker_2_on_node_2(self) -> str:
         """From a world of 2 on node 1: scaled to 3 with node 1 held, worker 2's new pod lands
@@ -167,12 +177,12 @@ def job_on_two_nodes(operator: NodeCluster, namespace_pool: NamespacePool, job: 
                             s3_endpoint=operator.s3.endpoint_url, bucket=operator.s3.bucket,
                             restartPolicy={"maxRestarts": 6, "backoffSeconds": 1},
                             recovery={"mode": mode},
-                            rendezvous={"store": {"nodeSelector": {
-                                "kubernetes.io/hostname": NODE_1}}})
+                            rendezvous={"store": {"nodeSelector": {STORE_NODE: "yes"}}})
         with LogCollector(k, ns, Training.worker_selector(job), ARTIFACTS / job) as logs:
             t = TwoNodeJob(k, ns, job, logs, mode)
             t.node, t.second = operator, second
             try:
+                t.store_on(NODE_1)
                 t.hold(second.name)
                 k.apply(manifest)
                 for index in (0, 1):
@@ -183,6 +193,7 @@ def job_on_two_nodes(operator: NodeCluster, namespace_pool: NamespacePool, job: 
             finally:
                 for name in (NODE_1, second.name):
                     t.release(name)
+                    k("label", "node", name, f"{STORE_NODE}-", check=False)
                     k("taint", "node", name, f"{KARPENTER}:NoSchedule-", check=False)
                     k("uncordon", name, check=False)
                 namespace_pool.give_back(ns)
