@@ -500,8 +500,14 @@ def test_5_the_stores_node_partitioned_stalls_no_step_and_the_store_returns_on_n
     "A store that stops answering"), the operator force-deletes the store pod once node 2 is
     NotReady and creates it on node 1, and the world reclaims the new, empty store (kept: the
     coordinator restores its generation). Nothing is counted, no worker restarted, no step
-    trained twice or lost."""
+    trained twice or lost. Run without a spare: a waiting spare ends when its store goes (exit
+    76, replaced uncounted), and its replacement may land on node 2, where the partition makes it
+    a counted loss and changes the world's kept plan (the full run at c7ee3e4 saw both)."""
     t = two
+    t.k("patch", "trainingjob", t.job, "-n", t.ns, "--type=merge",
+        "-p", '{"spec": {"spares": 0}}')  # scenario 4 leaves one
+    wait_for("no spare", lambda: len(t.workers()) == 3 and not t.status().get("readySpares"),
+             timeout=120)
     t.settle()
     if [p for p in t.workers() if p["spec"].get("nodeName") == t.second.name]:
         # Run alone (scenario 4 leaves every worker on node 1): worker 2 moved to node 1.
