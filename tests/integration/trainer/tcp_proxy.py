@@ -5,6 +5,9 @@ Cutting closes the listener and every open connection, so clients see refused an
 connections, as they would when the server's node disappears. Holding keeps every connection
 open and parks each request that arrives (its request line is kept in `held`), so a checkpoint
 save that starts meanwhile is provably in flight, and stays so, until `release()`.
+Retargeting strands every open connection for good (nothing more forwarded either way, nothing
+closed: the old server's node drops every packet) and sends new ones to another server, as a
+Service's name leads to the pod that replaced one on a node gone dark.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class TcpProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self.held: list[str] = []  # "METHOD path" of each request that arrived while held
+        self._stranded: set[socket.socket] = set()
+        self._dark = threading.Event()  # never set: what a stranded connection waits on
 
     @property
     def endpoint(self) -> str:
@@ -64,10 +69,23 @@ class TcpProxy:
     def release(self) -> None:
         self._flowing.set()
 
+    def retarget(self, host: str, port: int) -> None:
+        with self._lock:
+            self.target = (host, port)
+            self._stranded.update(self._conns)
+
+    def _strand(self, sock: socket.socket) -> None:
+        """A stranded connection's pipe stops here for good, forwarding and closing nothing."""
+        with self._lock:
+            stranded = sock in self._stranded
+        if stranded:
+            self._dark.wait()
+
     def _requests(self, src: socket.socket, dst: socket.socket) -> None:
         """Client to store, parking whatever arrives while held."""
         try:
             while data := src.recv(65536):
+                self._strand(src)
                 if not self._flowing.is_set():
                     if (line := REQUEST_LINE.match(data)) is not None:
                         with self._lock:
@@ -76,8 +94,18 @@ class TcpProxy:
                 dst.sendall(data)
         except OSError:
             pass
-        finally:
-            _close(src, dst)
+        self._strand(src)
+        _close(src, dst)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self._strand(src)
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._strand(src)
+        _close(src, dst)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -97,17 +125,7 @@ class TcpProxy:
                     return
                 self._conns += [client, upstream]
             threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        _close(src, dst)
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
 
 
 def _close(*sockets: socket.socket) -> None:

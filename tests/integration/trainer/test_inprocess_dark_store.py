@@ -1,5 +1,5 @@
-"""A job's store that goes dark while the world trains (issue 34: the node that hosts the store
-pod; docs/recovery.md section 7, "A store that stops answering").
+"""A job's store that goes dark while the world trains or a spare waits (issue 34: the node that
+hosts the store pod; docs/recovery.md section 7, "A store that stops answering").
 
 The store's process is frozen (SIGSTOP): it closes nothing and answers nothing, as a store whose
 node is partitioned or hung. Before, the coordinator's read of `pending` at every step boundary
@@ -29,12 +29,15 @@ import pytest
 from elastrain_trainer.ports import free_port
 from tests.warmstart import started_pid
 
+from .tcp_proxy import TcpProxy
 from .test_inprocess import wait_for
 from .test_inprocess_launcher import Pods, serve
+from .test_inprocess_spares import progress, regroups_after, spare_of, start_with_a_spare
 
 pytestmark = [pytest.mark.timeout(300)]
 FREEZE_S = 12.0
 STEPS = "160"
+SPARE_STEPS = "260"
 
 
 def steps_between(recs: list[dict[str, Any]], start: float, end: float) -> list[float]:
@@ -96,3 +99,59 @@ def test_a_frozen_store_stalls_no_step_and_the_world_changes_through_it_after(
     assert kept == {n: pids[n] for n in ("a", "b")}  # no worker restarted
     steps = [r["step"] for r in recs if r["event"] == "step"]
     assert steps == list(range(1, int(STEPS) + 1)), steps  # every step once
+
+
+def test_a_waiting_spare_follows_its_store_to_the_pod_that_replaced_it(tmp_path: Path) -> None:
+    """Every pod reaches the store by a name (a proxy here, the store's Service there). The
+    store's node goes dark while a spare waits: every open connection is stranded (nothing
+    answered, nothing closed) and the name leads to a new, empty store (the operator's
+    replacement on another node). The world follows it as before (restored, kept). Before, the
+    spare's wait blocked on its stranded socket (until TCP gives up, ~15 minutes) while its
+    heartbeat thread beat in the new store, so it read as a ready spare that could take no
+    place; seen in e2e scenario 5, where a spare whose store ended with its connection closed
+    ended its process instead (exit 76). Now it waits for the store to answer again and asks to
+    join the new one, and takes a leaving member's place in its process."""
+    old_port, new_port = free_port(), free_port()
+    old = serve(old_port)
+    proxy = TcpProxy("127.0.0.1", old_port).start()
+    pods = Pods(tmp_path, proxy.port, "spare-store-moved")
+    new = None
+    try:
+        ports = start_with_a_spare(pods, steps=int(SPARE_STEPS))
+        spare = spare_of(ports)
+        leaver, member = (n for n in ("a", "b", "c") if n != spare)
+        new = serve(new_port)
+        moved = time.time()
+        proxy.retarget("127.0.0.1", new_port)
+        wait_for(lambda: any(r["event"] == "store_restored" and r["time"] > moved
+                             for r in pods.all_records()), "the world restored into the new store",
+                 timeout=90)
+        wait_for(lambda: progress(ports[member])["spares"] == [spare],
+                 "the world's plan in the new store names the spare", timeout=60)
+        left_at = time.time()
+        pods.procs[leaver].send_signal(signal.SIGTERM)
+        wait_for(lambda: any(r["node"] == spare for r in regroups_after(pods, left_at)),
+                 "the spare in the leaver's place", timeout=90)
+        codes = pods.wait_all()
+    finally:
+        pods.kill_all()
+        old.kill()
+        if new is not None:
+            new.kill()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    joined = next(r for r in regroups_after(pods, left_at) if r["node"] == spare)
+    assert (joined["reason"], joined["world_size"], joined["healed_from"]) == (
+        "leave", 2, member), joined
+    recs = pods.all_records()
+    followed = next(r for r in recs if r["event"] == "store_followed" and r["node"] == spare)
+    print(f"the spare followed its store {followed['time'] - moved:.1f} s after the move "
+          f"(away {followed['away_s']} s), took {leaver}'s place "
+          f"{joined['time'] - left_at:.2f} s after its SIGTERM")
+    # Every pod trained or waited in one process throughout: nobody restarted in place.
+    for node in ("a", "b", "c"):
+        assert len({r["pid"] for r in pods.records(node) if r["event"] in (
+            "regroup", "spare", "store_followed", "store_back", "left")}) == 1, node
+    assert not [r for r in recs if r["event"] in ("resumed", "fresh_start")
+                and r["time"] > moved]  # no restart: the spare healed from the member
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == list(range(1, int(SPARE_STEPS) + 1)), steps  # every step once

@@ -6,9 +6,15 @@ the world does (inprocess.member).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch.distributed as dist
 
 from elastrain_trainer import fault_injection
 from elastrain_trainer.events import emit
@@ -27,6 +33,23 @@ from elastrain_trainer.inprocess.membership import (
     plan_generation,
     pod_of,
 )
+
+T = TypeVar("T")
+# How long a node outside the world waits for a store that is lost or answers nothing before
+# it ends as on a lost rendezvous (EXIT_STORE_LOST): the operator replaces a store whose node
+# was lost once the node controller marks it (~50 s on the two e2e nodes), so minutes.
+STORE_AWAY_S = 300.0
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """What `_await` carries from one look to the next."""
+
+    gen: int
+    liveness: Liveness
+    deadline: float
+    join_seq: int
+    role: str = ""
 
 
 class Admission(StoreFollowing):
@@ -49,19 +72,65 @@ class Admission(StoreFollowing):
         that finds no live generation (every node of the newest plan silent for the heartbeat
         timeout: a drain, or every survivor restarted in place) coordinates a new start
         generation, which loads the newest checkpoint as the job's first one does. A node the
-        plans keep beyond the world waits here as a spare (section 9)."""
-        self.store.register(self.node_id, {"nproc": self.cfg.plan.ranks_per_node,
-                                           "started": time.time()})
-        self.heartbeat.start()
+        plans keep beyond the world waits here as a spare (section 9), through the store's
+        loss (`_outside`)."""
+        return self._outside(self._ask_to_join)
+
+    def _ask_to_join(self) -> Plan:
+        self._ask(lambda: self.store.register(self.node_id, {
+            "nproc": self.cfg.plan.ranks_per_node, "started": time.time()}))
+        if not self.heartbeat.started:
+            self.heartbeat.start()
         self.epoch = self._meet_store()
-        gen = self.store.generation()
-        self._join_seq = self.store.request_join(self.node_id)
+        gen = self._ask(self.store.generation)
+        self._join_seq = self._ask(lambda: self.store.request_join(self.node_id))
         fault_injection.after_join_request()
-        if gen == 0 and not self.epoch.kept and self.store.try_advance(0):
+        if gen == 0 and not self.epoch.kept and self._ask(lambda: self.store.try_advance(0)):
             self._publish_start(None)
         # `gen` is won before its plan is published, so the plan of the generation read may
         # still name this node: look from there on.
         return self._await(max(gen, 1))
+
+    def _ask(self, fn: Callable[[], T]) -> T:
+        """A request of a node outside the world, waited for at most twice the heartbeat
+        timeout (inprocess.store_client): such a node is in no hurry, but one whose store went
+        dark would wait on its socket until TCP gives up (~15 minutes), a spare that reads as
+        ready while it can take no place (seen in e2e scenario 5)."""
+        return self.client.bounded(fn, 2 * self.cfg.heartbeat_timeout_s)
+
+    def _outside(self, wait: Callable[[], Plan]) -> Plan:
+        """`wait` for a plan that names this node in its world, followed through the loss of
+        the store: as the world trains on without it (section 7), a node outside the world
+        waits for the store to answer again (its heartbeat thread probes and reconnects) and
+        asks to join the store it finds, which the world restored into or a node founded,
+        instead of ending its process (torch imported, the model built: a spare's whole
+        point). A store that does not answer for STORE_AWAY_S ends it as before."""
+        while True:
+            try:
+                return wait()
+            except dist.DistError as e:
+                if self.plan is not None:
+                    raise  # entered, then lost: a member's path
+                self._store_back_outside(e)
+                wait = self._ask_to_join
+
+    def _store_back_outside(self, error: dist.DistError) -> None:
+        away, reconnects = time.monotonic(), self.heartbeat.reconnects
+        emit("store_away_waiting", node=self.node_id,
+             error=f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+        while time.monotonic() - away < STORE_AWAY_S:
+            if self.signalled:
+                self.heartbeat.stop()  # nothing to ask of a store that is away: its silence
+                emit("left", node=self.node_id, step=-1, waiting=True)  # drops it from plans
+                raise SystemExit(0)
+            if self.heartbeat.reconnects != reconnects or self.heartbeat.answered_after(away):
+                with contextlib.suppress(dist.DistError):
+                    self.store = self._ask(lambda: self._connect(self.heartbeat.beat))
+                    emit("store_followed", node=self.node_id, waiting=True,
+                         away_s=round(time.monotonic() - away, 2))
+                    return
+            time.sleep(self.heartbeat.interval_s)
+        raise error
 
     def _meet_store(self) -> Epoch:
         """The store's incarnation, as a node that holds no generation meets it (section 7).
@@ -73,26 +142,28 @@ class Admission(StoreFollowing):
         restoring. A kept store is waited on until its world restored the generation (at its
         next step boundary), unless the node that kept it falls silent first."""
         deadline = time.monotonic() + self.cfg.heartbeat_timeout_s
-        epoch = self.store.epoch()
+        epoch = self._ask(self.store.epoch)
         while epoch is None and time.monotonic() < deadline:
             time.sleep(0.05)
-            epoch = self.store.epoch()
+            epoch = self._ask(self.store.epoch)
         if epoch is None:
-            epoch = self.store.claim_epoch(Epoch(False, self.node_id, uuid.uuid4().hex))
+            claim = Epoch(False, self.node_id, uuid.uuid4().hex)
+            epoch = self._ask(lambda: self.store.claim_epoch(claim))
         liveness = Liveness(self.cfg.heartbeat_timeout_s)
         deadline = time.monotonic() + self.cfg.plan_wait_s
         waited = False
-        while epoch.kept and self.store.generation() == 0:
+        while epoch.kept and self._ask(self.store.generation) == 0:
             if not waited:
                 waited = True
                 emit("store_kept", node=self.node_id, by=epoch.node)
             if self.signalled:
                 self._leave_waiting()
             now = time.monotonic()
-            liveness.observe(self.store.heartbeats([epoch.node]), now)
+            liveness.observe(self._ask(functools.partial(self.store.heartbeats, [epoch.node])),
+                             now)
             if epoch.node in liveness.dead(now):  # its world is gone too: nothing to restore
-                epoch = self.store.replace_epoch(epoch, Epoch(False, self.node_id,
-                                                              uuid.uuid4().hex))
+                epoch = self._ask(functools.partial(self.store.replace_epoch, epoch, Epoch(
+                    False, self.node_id, uuid.uuid4().hex)))
             elif now > deadline:
                 raise PlanTimeoutError(f"{self.node_id}: the store kept by {epoch.node} was "
                                        f"not restored within {self.cfg.plan_wait_s} s")
@@ -104,53 +175,66 @@ class Admission(StoreFollowing):
         enter it. Meanwhile: a SIGTERM ends the wait (the node asks to leave and exits 0, as a
         joiner does when training finished); a plan that read this node's join request but
         names it nowhere (a spare judged dead, a start after a dead generation) gets a new
-        one; when every node of the newest plan is silent, this node starts the next."""
-        liveness = Liveness(self.cfg.heartbeat_timeout_s)
-        deadline = time.monotonic() + self.cfg.plan_wait_s
-        role = ""
+        one; when every node of the newest plan is silent, this node starts the next. Each
+        look at the store is bounded (`_ask`)."""
+        w = _Waiting(gen, Liveness(self.cfg.heartbeat_timeout_s),
+                     time.monotonic() + self.cfg.plan_wait_s, self._join_seq)
         while True:
             if self.signalled:
                 self._leave_waiting()
-            self._publish_desired()
-            if self.store.has_plan(gen + 1):
-                gen += 1
-                continue
-            if self.store.done():
-                raise SystemExit(0)  # training finished while this node waited
-            plan = self.store.read_plan(gen) if self.store.has_plan(gen) else None
-            if plan is None:
-                if time.monotonic() > deadline:
-                    raise PlanTimeoutError(f"{self.node_id}: no plan for generation {gen} "
-                                           f"within {self.cfg.plan_wait_s} s")
-            elif self.node_id in plan.nodes:
+            found = self._ask(lambda: self._look(w))
+            self._join_seq = w.join_seq
+            if isinstance(found, Plan):
                 try:
-                    self._enter(plan)
-                    return plan
+                    self._enter(found)
+                    return found
                 except EntryFailedError as e:  # a joiner holds no state: healed in the next
-                    self._replan(plan, -1, str(e))
-                    deadline = time.monotonic() + self.cfg.plan_wait_s
-            else:
-                if self.node_id in plan.spares and role != "spare":
-                    role = "spare"
-                    self.cfg.on_role(role)
-                    emit("spare", node=self.node_id, gen=plan.gen, world_size=plan.world_size)
-                elif (self.node_id not in plan.spares and plan.join_seq >= self._join_seq
-                      and plan.reason != "stop"):
-                    self._join_seq = self.store.request_join(self.node_id)
-                # After a stop, its old group's nodes are still saving: start once each has
-                # saved or is silent (the pod's grace period bounds the save).
-                watched = set(plan.nodes) | (set(plan.saving)
-                                             - self.store.saved_by(gen, plan.saving))
-                now = time.monotonic()
-                liveness.observe(self.store.heartbeats(watched), now)
-                if liveness.dead(now) >= watched and self.store.try_advance(gen):
-                    self._publish_start(plan)
+                    self._replan(found, -1, str(e))
+                    w.deadline = time.monotonic() + self.cfg.plan_wait_s
+            elif found is not None:
+                self._publish_start(found[0])
             time.sleep(0.05)
+
+    def _look(self, w: _Waiting) -> Plan | tuple[Plan] | None:
+        """One look of `_await` (on the bounded calls' worker, so it changes only `w`): the
+        plan to enter, (the dead plan,) when this node is to start the generation after it,
+        else None."""
+        self._publish_desired()
+        while self.store.has_plan(w.gen + 1):
+            w.gen += 1
+        if self.store.done():
+            raise SystemExit(0)  # training finished while this node waited
+        plan = self.store.read_plan(w.gen) if self.store.has_plan(w.gen) else None
+        if plan is None:
+            if time.monotonic() > w.deadline:
+                raise PlanTimeoutError(f"{self.node_id}: no plan for generation {w.gen} "
+                                       f"within {self.cfg.plan_wait_s} s")
+            return None
+        if self.node_id in plan.nodes:
+            return plan
+        if self.node_id in plan.spares and w.role != "spare":
+            w.role = "spare"
+            if self.client.current():
+                self.cfg.on_role(w.role)
+                emit("spare", node=self.node_id, gen=plan.gen, world_size=plan.world_size)
+        elif (self.node_id not in plan.spares and plan.join_seq >= w.join_seq
+              and plan.reason != "stop"):
+            w.join_seq = self.store.request_join(self.node_id)
+        # After a stop, its old group's nodes are still saving: start once each has saved or
+        # is silent (the pod's grace period bounds the save).
+        watched = set(plan.nodes) | (set(plan.saving) - self.store.saved_by(w.gen, plan.saving))
+        now = time.monotonic()
+        w.liveness.observe(self.store.heartbeats(watched), now)
+        if w.liveness.dead(now) >= watched and self.store.try_advance(w.gen):
+            return (plan,)
+        return None
 
     def _leave_waiting(self) -> None:
         """A SIGTERM to a node outside the world (a spare, a joiner): it asks to leave, so the
-        next plan drops it, and exits 0 (no state of the job's is only here)."""
-        self.store.request_leave(self.node_id, -1)
+        next plan drops it, and exits 0 (no state of the job's is only here). A store away
+        is not waited for: the node's silence drops it as well."""
+        with contextlib.suppress(dist.DistError):
+            self._ask(lambda: self.store.request_leave(self.node_id, -1))
         self.heartbeat.stop()
         emit("left", node=self.node_id, step=-1, waiting=True)
         raise SystemExit(0)

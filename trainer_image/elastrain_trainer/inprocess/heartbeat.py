@@ -105,6 +105,10 @@ class Heartbeat:
         self._on_failed = on_failed
         self._severed_gen = 0
 
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def start(self) -> Heartbeat:
         self._store = self._connect(None)
         self._store.beat(self.node_id)

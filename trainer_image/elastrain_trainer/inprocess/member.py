@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import time
 from collections.abc import Iterable
@@ -342,7 +343,7 @@ class Member(Admission):
                 self.generation.release()
                 self.plan = None
                 self.heartbeat.watch(plan.gen, ())
-                return self._await(plan.gen)
+                return self._outside(functools.partial(self._await, plan.gen))
             alone = failed or self.groups is None  # the old group is gone (a failure)
             # After a failure this node saves the step alone, unless its model is sharded
             # (FSDP2: the shards of the lost nodes are gone; the checkpoint stays the newest).

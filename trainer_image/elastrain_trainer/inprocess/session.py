@@ -36,6 +36,7 @@ from elastrain_trainer.inprocess.member import (
 from elastrain_trainer.inprocess.membership import Plan, PlanConfig
 from elastrain_trainer.inprocess.peerloss import PeerLoss
 from elastrain_trainer.inprocess.store import MembershipStore
+from elastrain_trainer.inprocess.store_client import StoreUnansweredError
 from elastrain_trainer.parallel import DistEnv
 from elastrain_trainer.signals import EXIT_RESTART, EXIT_STORE_LOST
 
@@ -157,6 +158,8 @@ class InProcessRuntime:
             return change()
         except StoreFoundedError as e:
             self._store_lost(str(e))
+        except StoreUnansweredError as e:  # its port may accept (a frozen process): lost too
+            error = f"{type(e).__name__}: {e}"
         except dist.DistError as e:
             if MembershipStore.reachable(self.cfg.store_host, self.cfg.store_port):
                 raise

@@ -83,25 +83,25 @@ class BoundedCalls:
         self.within_s, self.name = within_s, name
         self._worker: _Worker | None = None
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """fn's result, or StoreUnansweredError once it took `within_s`: then its worker is
-        given up (fn runs on to its end there, so it must only touch what it owns or check
-        `on_current_worker()` before it changes shared state) and the next call gets a new
-        one."""
+    def call(self, fn: Callable[[], T], within_s: float | None = None) -> T:
+        """fn's result, or StoreUnansweredError once it took `within_s` (default: the
+        calls'): then its worker is given up (fn runs on to its end there, so it must only
+        touch what it owns or check `on_current_worker()` before it changes shared state) and
+        the next call gets a new one."""
+        within = self.within_s if within_s is None else within_s
         if self._worker is None:
             self._worker = _Worker(self.name)
         call = _Call(fn)
         self._worker.calls.put(call)
         started = time.monotonic()
-        if not call.done.wait(self.within_s) and not (
+        if not call.done.wait(within) and not (
                 # A wait that overran its bound twice over: this process was paused (SIGSTOP,
                 # a frozen cgroup) and its worker had no time to run: once more, then judge.
-                time.monotonic() - started > 2 * self.within_s
-                and call.done.wait(self.within_s)):
+                time.monotonic() - started > 2 * within
+                and call.done.wait(within)):
             self._worker.calls.put(None)
             self._worker = None
-            raise StoreUnansweredError(f"the job's store did not answer within "
-                                       f"{self.within_s:g} s")
+            raise StoreUnansweredError(f"the job's store did not answer within {within:g} s")
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[return-value]
@@ -132,17 +132,22 @@ class TrainingClient:
         """A new client that answered: the store is back for the training thread."""
         self._client, self.away_since = client, None
 
-    def bounded(self, fn: Callable[[], T]) -> T:
-        """fn's result; StoreUnansweredError when it takes longer than `within_s`, and the
-        client is given up (BoundedCalls.call)."""
+    def bounded(self, fn: Callable[[], T], within_s: float | None = None) -> T:
+        """fn's result; StoreUnansweredError when it takes longer than `within_s` (default:
+        the boundary's), and the client is given up (BoundedCalls.call)."""
         try:
-            return self._calls.call(fn)
+            return self._calls.call(fn, within_s)
         except StoreUnansweredError:
-            self._give_up()
+            self._give_up(self.within_s if within_s is None else within_s)
             raise
 
-    def _give_up(self) -> None:
+    def current(self) -> bool:
+        """Whether the calling thread runs the bounded calls that are waited for now: a call
+        given up runs on, and must change no state of the member's once it is not."""
+        return self._calls.on_current_worker()
+
+    def _give_up(self, within_s: float) -> None:
         self._client = None
         if self.away_since is None:
             self.away_since = time.monotonic()
-            emit("store_unanswered", node=self.node_id, within_s=self.within_s)
+            emit("store_unanswered", node=self.node_id, within_s=within_s)
