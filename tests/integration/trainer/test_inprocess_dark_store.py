@@ -31,7 +31,7 @@ from tests.warmstart import started_pid
 
 from .tcp_proxy import TcpProxy
 from .test_inprocess import wait_for
-from .test_inprocess_launcher import Pods, serve
+from .test_inprocess_launcher import HEARTBEAT_S, Pods, serve, start_three
 from .test_inprocess_spares import progress, regroups_after, spare_of, start_with_a_spare
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -155,3 +155,80 @@ def test_a_waiting_spare_follows_its_store_to_the_pod_that_replaced_it(tmp_path:
                 and r["time"] > moved]  # no restart: the spare healed from the member
     steps = [r["step"] for r in recs if r["event"] == "step"]
     assert steps == list(range(1, int(SPARE_STEPS) + 1)), steps  # every step once
+
+
+def test_a_member_dark_with_its_store_is_planned_out_in_the_store_that_replaced_it(
+        tmp_path: Path) -> None:
+    """The store's node hosts a worker too, and both go dark at once: the world's coordinator
+    (rank 0, the hardest case) frozen (no beat, no socket closed) and every open connection to
+    the store stranded, its name leading to a new, empty store. The survivors' collective waits
+    on the frozen node, so no step boundary comes to restore the world into the new store;
+    their heartbeat threads lose the old store (twice the timeout), reconnect to the new one
+    and keep it, judge the frozen node silent there and fail the generation, which severs the
+    collective; the survivors then restore the generation into the new store and re-form at
+    world 2. Seen failing before: the sever read the peers' listeners from the new, empty
+    store, so the pairs a survivor had connected stayed up and its collective waited until the
+    stuck bound restarted it in place (world 1, then 2 with a survivor restarted); now the
+    heartbeat reads them ahead (sever.Held.learn). And with the coordinator frozen nobody
+    restored the new store (only rank 0 did), so the survivors never planned: now any node of
+    the world restores, the first one winning. The thawed node's connections to the store are
+    still stranded (the old store's node dark). Either its heartbeat thread reaches the new
+    store first, and it finds itself planned out and comes back through the join path, or its
+    recovery's first request, now bounded, goes unanswered and it ends as on a lost store
+    (exit 1, RendezvousConnectionError), to be replaced; before, the latter waited on its socket
+    for good. Its old process trains and commits nothing after the sever."""
+    old_port, new_port = free_port(), free_port()
+    old = serve(old_port)
+    proxy = TcpProxy("127.0.0.1", old_port).start()
+    pods = Pods(tmp_path, proxy.port, "store-and-peer-dark")
+    new = None
+    try:
+        start_three(pods)
+        (frozen,) = [n for n in ("a", "b", "c") if any(
+            r["event"] == "regroup" and r["reason"] == "start" for r in pods.records(n))]
+        survivors = sorted({"a", "b", "c"} - {frozen})
+        new = serve(new_port)
+        dark = time.time()
+        pods.signal_pod(frozen, signal.SIGSTOP)
+        proxy.retarget("127.0.0.1", new_port)
+        wait_for(lambda: [r for r in pods.all_records() if r["event"] == "regroup"
+                          and r["reason"] == "fail"], "the survivors' regroup", timeout=90)
+        fail = next(r for r in pods.all_records() if r["event"] == "regroup"
+                    and r["reason"] == "fail")
+        wait_for(lambda: any(r["event"] == "step" and r["time"] > fail["time"]
+                             for r in pods.all_records()), "a step at world 2")
+        pods.signal_pod(frozen, signal.SIGCONT)
+        codes = pods.wait_all()
+    finally:
+        pods.kill_all()
+        old.kill()
+        if new is not None:
+            new.kill()
+    recs = pods.all_records()
+    print(f"the coordinator {frozen} and its store dark -> regrouped at world "
+          f"{fail['world_size']} in {fail['time'] - dark:.2f} s (heartbeat timeout {HEARTBEAT_S} "
+          f"s)")
+    assert fail["world_size"] == 2 and fail["lost"] == [frozen], fail
+    # Bounded by the store's loss (twice the timeout) and the silence after (the timeout),
+    # with the tests' slack: not by the collective's timeout (5 minutes).
+    assert fail["time"] - dark < 8 * HEARTBEAT_S + 10, fail
+    assert [r for r in recs if r["event"] == "store_restored" and r["node"] in survivors
+            and r["time"] > dark]
+    assert {n: c for n, c in codes.items() if n in survivors} == dict.fromkeys(survivors, 0), {
+        n: pods.log(n) for n in codes}
+    if codes[frozen] == 1:
+        assert "RendezvousConnectionError" in pods.log(frozen)
+        assert "did not answer" in pods.log(frozen)
+    else:
+        assert codes[frozen] == 0, pods.log(frozen)
+        assert [r for r in recs if r["event"] == "regroup" and r["node"] == f"{frozen}.1"
+                and r["healed_from"] in survivors], recs
+    frozen_pid = pods.records(frozen)[0]["pid"]
+    assert not [r for r in pods.records(frozen) if r["pid"] == frozen_pid
+                and r["time"] > fail["time"] and r["event"] in ("step", "checkpoint_saved")]
+    regroups = [r for r in recs if r["event"] == "regroup"]
+    assert not {r["node"] for r in regroups} & {f"{n}.1" for n in survivors}  # kept theirs
+    assert not any(r["event"] == "resumed" for r in recs)  # nothing loaded from a checkpoint
+    numbers = [r["step"] for r in recs if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 81)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers  # <= 1 step trained twice

@@ -121,3 +121,33 @@ def test_a_group_made_later_is_held_and_published_with_the_generations() -> None
         (1, "a", ports[:1]), (2, "a", ports[:1]), (2, "a", sorted(ports))]
     assert held.groups is not None and held.groups.gens == {1, 2}
     assert len(held.groups.sockets.created) == 2
+
+
+def test_the_listeners_learned_while_the_store_answered_serve_a_sever_after_it_is_empty(
+        sockets: list[socket.socket]) -> None:
+    """The pair this node connected to a peer's listener is found by what the peer published.
+    Read from an empty store (the one that replaced a store gone dark with the peer), that is
+    nothing, and the pair would stay up; what `learn` read before still finds it. `learn` says
+    whether it read every peer's, and makes no request before the groups serve the
+    generation."""
+    peer = socket.create_server(("127.0.0.1", 0))
+    sockets.append(peer)
+    held = sever.Held("a", lambda gen, node, text: None)
+    peer_text = json.dumps([Endpoint(*peer.getsockname()).text()])
+    asked: list[tuple[int, list[str]]] = []
+
+    def store(gen: int, nodes: list[str]) -> dict[str, str]:
+        asked.append((gen, nodes))
+        return {"b": peer_text}
+
+    assert held.learn(1, store) is False and asked == []  # no groups yet: no request
+    before = sever.socket_fds()
+    out = socket.create_connection(peer.getsockname())
+    far, _ = peer.accept()
+    sockets += [out, far]
+    held.formed(1, ("a", "b", "c"), before)
+    assert held.learn(1, store) is False  # c has not published yet
+    assert asked == [(1, ["b", "c"])]
+    assert held.sever(1, lambda gen, nodes: {}) == 1  # the empty store: learned b's
+    far.settimeout(5)
+    assert far.recv(1) == b""

@@ -61,7 +61,7 @@ class StoreFollowing:
     def _follow_store(self, needed: bool = False) -> None:
         """After the heartbeat thread reconnected to a lost store: this thread's client too.
         When the store came back empty (its epoch changed: section 7), it is kept by this
-        world (the heartbeat thread's claim, or this one): the coordinator restores the
+        world (the heartbeat thread's claim, or this one): the first of its nodes restores the
         current generation (its number and plan) and every node forgets the old store's
         counters, so the next leave or join is planned as before. Founded by a fresh node
         first: `founded`, and the world ends at this boundary (`boundary`). `needed`: a change
@@ -91,7 +91,8 @@ class StoreFollowing:
     def _claim_with_new_client(self, claim: Epoch, plan: Plan) -> tuple[MembershipStore, Epoch]:
         store = self._connect(self.heartbeat.beat)
         epoch = store.claim_epoch(claim)  # the heartbeat thread's claim, or this one
-        if epoch != self.epoch and epoch.kept and self.rank == 0:
-            store.restore(plan)
+        # Any node of the world restores (the first one wins: store.restore): the coordinator
+        # may be the node that went dark with the old store.
+        if epoch != self.epoch and epoch.kept and store.restore(plan):
             emit("store_restored", node=self.node_id, gen=plan.gen, epoch=epoch.text())
         return store, epoch

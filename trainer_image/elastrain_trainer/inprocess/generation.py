@@ -71,6 +71,12 @@ class Generation:
         self._held.adopt(gen, before)
         self._devices.add(group)
 
+    def learn(self, gen: int,
+              listeners: Callable[[int, list[str]], Mapping[str, str]]) -> bool:
+        """The heartbeat thread's: what `gen`'s peers published, kept for a sever after the
+        store is gone (sever.Held.learn)."""
+        return self._held.learn(gen, listeners)
+
     def end_failed(self, gen: int,
                    listeners: Callable[[int, list[str]], Mapping[str, str]]
                    ) -> dict[str, Any] | None:

@@ -17,6 +17,10 @@ once: the member severs its own sockets of that generation's groups (`inprocess.
 is what ends a collective blocked on a peer that went dark without closing its sockets (a
 killed process's kernel closes them itself: gloo fails at once then).
 
+While the store answers, it also reads what the peers of the current generation published for
+the sever (their listeners), so a sever after the store went dark with a peer (a store's node
+that hosts a worker too, replaced by an empty store) still finds every pair.
+
 A tick's requests are waited for at most twice the timeout (inprocess.store_client): a store
 that answers nothing (its node dark, its process frozen) is lost to this node then, as one that
 refuses is at once. A tick that comes more than the timeout after the previous one judges
@@ -65,6 +69,7 @@ class Heartbeat:
                  claim: Callable[[], Epoch | None] = lambda: None,
                  on_failed: Callable[[int, MembershipStore], None] = lambda gen, store: None,
                  on_rejoin: Callable[[str], None] = lambda pod: None,
+                 learn: Callable[[int, MembershipStore], bool] = lambda gen, store: True,
                  ) -> None:
         if timeout_s < MIN_TIMEOUT_S:
             raise ValueError(f"heartbeat timeout {timeout_s} s: at least {MIN_TIMEOUT_S} s")
@@ -104,6 +109,10 @@ class Heartbeat:
         self._answered_at = time.monotonic()
         self._on_failed = on_failed
         self._severed_gen = 0
+        # What the sever needs of the store, read ahead (sever.Held.learn): each tick until
+        # every peer's is there, then once a timeout.
+        self._learn = learn
+        self._learned: tuple[int, float] = (0, 0.0)  # the generation and when, if complete
 
     @property
     def started(self) -> bool:
@@ -233,6 +242,9 @@ class Heartbeat:
                 emit("sever_failed", node=self.node_id, gen=gen,
                      error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         self._watch_rejoins()  # after the sever: nothing delays a release
+        learned_gen, learned_at = self._learned
+        if gen > 0 and not failed and (gen != learned_gen or now - learned_at > self.timeout_s):
+            self._learned = (gen, now) if self._learn(gen, self._store) else (0, 0.0)
 
     def _watch_rejoins(self) -> None:
         with self._lock:

@@ -84,7 +84,8 @@ class Member(Admission):
         self.heartbeat = Heartbeat(
             self._connect, cfg.node_id, timeout_s=cfg.heartbeat_timeout_s,
             probe=lambda: MembershipStore.reachable(cfg.store_host, cfg.store_port),
-            claim=self._keep_claim, on_failed=self._sever, on_rejoin=cfg.on_rejoin)
+            claim=self._keep_claim, on_failed=self._sever, on_rejoin=cfg.on_rejoin,
+            learn=lambda gen, store: self.generation.learn(gen, store.listeners))
         self.epoch: Epoch | None = None  # the store's incarnation this node knows
         self.founded: Epoch | None = None  # a store founded under this world (section 7)
         self._reconnects = 0
@@ -434,7 +435,12 @@ class Member(Admission):
             raise self._founded_error()
         assert self.plan is not None
         old = self.plan
-        self.store.mark_failed(old.gen, self.node_id, error)
+        # Bounded, as every request after it is not: a store that answers nothing (its node
+        # dark, and this node's heartbeat has not noticed: a node thawed after its world
+        # moved to the store that replaced it) ends this node now as a lost store does
+        # (StoreUnansweredError), instead of waiting on its socket until TCP gives up.
+        self.client.bounded(lambda: self.store.mark_failed(old.gen, self.node_id, error),
+                            2 * self.cfg.heartbeat_timeout_s)
         # A gloo side group may have failed first while NCCL kernels still wait on the lost
         # peer: abort them before the destroy, which would wait for them (inprocess.nccl).
         self.generation.abort(old.gen)

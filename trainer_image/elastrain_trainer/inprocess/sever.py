@@ -192,6 +192,11 @@ class Held:
     def __init__(self, node_id: str, publish: Callable[[int, str, str], None]) -> None:
         self.node_id, self.publish = node_id, publish  # publish(gen, node_id, listeners)
         self.groups: HeldGroups | None = None
+        # What the peers published, as last read while the store answered (`learn`): a
+        # store that went dark with a peer (the store's node hosts a worker too) is replaced
+        # by an empty one, where the sever would find no peer's listener and leave the pairs
+        # this node connected waiting on the dark peer.
+        self._known: dict[int, dict[str, str]] = {}
 
     def formed(self, gen: int, nodes: tuple[str, ...], before: Iterable[int]) -> None:
         """`gen`'s groups formed (`before`: socket_fds() before they did)."""
@@ -211,10 +216,34 @@ class Held:
             self.groups = held = self.groups.adopting(GroupSockets.since(before))
             self.publish(gen, self.node_id, held.sockets.published())
 
+    def learn(self, gen: int,
+              listeners: Callable[[int, list[str]], Mapping[str, str]]) -> bool:
+        """The heartbeat thread's, while the store answers: read what the peers of `gen`
+        published (again later: a peer publishes more when its script makes a group), for a
+        sever after the store is gone. Whether every peer's was there: not yet while these
+        groups do not serve `gen` (the heartbeat watches a generation before its groups form),
+        and no request is made then."""
+        held = self.groups
+        if held is None or gen not in held.gens:
+            return False
+        peers = [n for n in held.nodes if n != self.node_id]
+        found = dict(listeners(gen, peers)) if peers else {}
+        self._known = {g: k for g, k in self._known.items() if g in held.gens} | {
+            gen: self._known.get(gen, {}) | found}
+        return len(found) == len(peers)
+
     def sever(self, gen: int,
               listeners: Callable[[int, list[str]], Mapping[str, str]]) -> int | None:
         held = self.groups  # the heartbeat thread's read: replaced whole, never changed
-        return held.sever(gen, self.node_id, listeners) if held is not None else None
+        if held is None:
+            return None
+        known = self._known
+
+        def published(g: int, nodes: list[str]) -> Mapping[str, str]:
+            read = dict(listeners(g, nodes))
+            return {n: t for n, t in known.get(g, {}).items() if n in nodes} | read
+
+        return held.sever(gen, self.node_id, published)
 
 
 def parse_published(text: str) -> list[Endpoint]:

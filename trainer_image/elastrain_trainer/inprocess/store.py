@@ -72,10 +72,16 @@ class MembershipStore:
         return m.Epoch.parse(bytes(self.kv.compare_set(m.EPOCH_KEY, expected,
                                                        new.text())).decode())
 
-    def restore(self, plan: Plan) -> None:
-        """The store came back empty: the current generation again, its number and its plan."""
-        self.kv.set(m.GEN_KEY, str(plan.gen))
+    def restore(self, plan: Plan) -> bool:
+        """The store came back empty: the current generation again, its number and its plan.
+        Only into a store that has no generation yet (compare_set): a world's coordinator
+        that was dark while the rest of its world restored and moved on must not put its
+        stale generation back. Whether it did."""
+        got = self.kv.compare_set(m.GEN_KEY, "", str(plan.gen))
+        if bytes(got).decode() != str(plan.gen):
+            return False
         self.publish(plan)
+        return True
 
     # -- registration and heartbeat ------------------------------------------------------
     def register(self, node_id: str, info: dict[str, Any]) -> None:
