@@ -264,7 +264,14 @@ def test_stopping_node_2_runtime_keeps_its_container_and_the_node_goes_not_ready
     two.k("wait", "--for=condition=Ready", "pod/srv-2", "-n", two.namespace, "--timeout=60s",
           timeout=70)
     assert two.pod_ip("srv-2") == target
-    assert two.connect("srv-1", target) == {"reply": "srv-2"}
+    # Node 1's pod reaches it again within a bound, not at the first try: right after the
+    # runtime returned, one connection timed out under load (full e2e runs at d04846f and
+    # 8112485, both beside a `make test`), and one 5 s later was not tried.
+    back = time.monotonic()
+    reply = wait_for("srv-1 reaches srv-2 on node 2 again", lambda: (
+        r := two.connect("srv-1", target)).get("reply") and r, timeout=60, interval=2)
+    assert reply == {"reply": "srv-2"}
+    print(f"srv-1 reached srv-2 {time.monotonic() - back:.0f} s after node 2's pod was Ready")
 
 
 def test_removing_node_2_leaves_the_host_as_before(two: TwoNodes) -> None:
