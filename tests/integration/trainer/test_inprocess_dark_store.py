@@ -17,10 +17,12 @@ timeouts never end a request the server does not answer).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,23 @@ pytestmark = [pytest.mark.timeout(300)]
 FREEZE_S = 12.0
 STEPS = "160"
 SPARE_STEPS = "260"
+
+
+@contextlib.contextmanager
+def store_behind_a_name(tmp_path: Path, run: str) -> Iterator[tuple[Pods, Callable[[], None]]]:
+    """Pods that reach the job's store by a name (a proxy here, the store's Service there), and
+    `move()`: every open connection to the store stranded (nothing answered, nothing closed: its
+    node dark) and the name leading to a new, empty store (the operator's replacement)."""
+    old_port, new_port = free_port(), free_port()
+    stores = [serve(old_port), serve(new_port)]
+    proxy = TcpProxy("127.0.0.1", old_port).start()
+    pods = Pods(tmp_path, proxy.port, run)
+    try:
+        yield pods, lambda: proxy.retarget("127.0.0.1", new_port)
+    finally:
+        pods.kill_all()
+        for store in stores:
+            store.kill()
 
 
 def steps_between(recs: list[dict[str, Any]], start: float, end: float) -> list[float]:
@@ -111,18 +130,12 @@ def test_a_waiting_spare_follows_its_store_to_the_pod_that_replaced_it(tmp_path:
     place; seen in e2e scenario 5, where a spare whose store ended with its connection closed
     ended its process instead (exit 76). Now it waits for the store to answer again and asks to
     join the new one, and takes a leaving member's place in its process."""
-    old_port, new_port = free_port(), free_port()
-    old = serve(old_port)
-    proxy = TcpProxy("127.0.0.1", old_port).start()
-    pods = Pods(tmp_path, proxy.port, "spare-store-moved")
-    new = None
-    try:
+    with store_behind_a_name(tmp_path, "spare-store-moved") as (pods, move):
         ports = start_with_a_spare(pods, steps=int(SPARE_STEPS))
         spare = spare_of(ports)
         leaver, member = (n for n in ("a", "b", "c") if n != spare)
-        new = serve(new_port)
         moved = time.time()
-        proxy.retarget("127.0.0.1", new_port)
+        move()
         wait_for(lambda: any(r["event"] == "store_restored" and r["time"] > moved
                              for r in pods.all_records()), "the world restored into the new store",
                  timeout=90)
@@ -133,11 +146,6 @@ def test_a_waiting_spare_follows_its_store_to_the_pod_that_replaced_it(tmp_path:
         wait_for(lambda: any(r["node"] == spare for r in regroups_after(pods, left_at)),
                  "the spare in the leaver's place", timeout=90)
         codes = pods.wait_all()
-    finally:
-        pods.kill_all()
-        old.kill()
-        if new is not None:
-            new.kill()
     assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
     joined = next(r for r in regroups_after(pods, left_at) if r["node"] == spare)
     assert (joined["reason"], joined["world_size"], joined["healed_from"]) == (
@@ -177,20 +185,14 @@ def test_a_member_dark_with_its_store_is_planned_out_in_the_store_that_replaced_
     recovery's first request, now bounded, goes unanswered and it ends as on a lost store
     (exit 1, RendezvousConnectionError), to be replaced; before, the latter waited on its socket
     for good. Its old process trains and commits nothing after the sever."""
-    old_port, new_port = free_port(), free_port()
-    old = serve(old_port)
-    proxy = TcpProxy("127.0.0.1", old_port).start()
-    pods = Pods(tmp_path, proxy.port, "store-and-peer-dark")
-    new = None
-    try:
+    with store_behind_a_name(tmp_path, "store-and-peer-dark") as (pods, move):
         start_three(pods)
         (frozen,) = [n for n in ("a", "b", "c") if any(
             r["event"] == "regroup" and r["reason"] == "start" for r in pods.records(n))]
         survivors = sorted({"a", "b", "c"} - {frozen})
-        new = serve(new_port)
         dark = time.time()
         pods.signal_pod(frozen, signal.SIGSTOP)
-        proxy.retarget("127.0.0.1", new_port)
+        move()
         wait_for(lambda: [r for r in pods.all_records() if r["event"] == "regroup"
                           and r["reason"] == "fail"], "the survivors' regroup", timeout=90)
         fail = next(r for r in pods.all_records() if r["event"] == "regroup"
@@ -199,11 +201,6 @@ def test_a_member_dark_with_its_store_is_planned_out_in_the_store_that_replaced_
                              for r in pods.all_records()), "a step at world 2")
         pods.signal_pod(frozen, signal.SIGCONT)
         codes = pods.wait_all()
-    finally:
-        pods.kill_all()
-        old.kill()
-        if new is not None:
-            new.kill()
     recs = pods.all_records()
     print(f"the coordinator {frozen} and its store dark -> regrouped at world "
           f"{fail['world_size']} in {fail['time'] - dark:.2f} s (heartbeat timeout {HEARTBEAT_S} "
