@@ -144,7 +144,15 @@ class CheckpointManager:
         self.wait()  # one save in flight at a time, and saves commit in order
         if self.holds(req.step):
             return time.monotonic() - t0  # this exact state is already committed
-        known = self._know_catalog()
+        try:
+            known = self._know_catalog()
+        except (Exception, CheckpointException) as e:
+            # Its broadcast (after each new generation), on a group whose peer was lost (in
+            # process: the sever of a dark peer ends it): a failed save like any, so the lost
+            # peer is met at the next collective, where in-process recovery catches it. Before,
+            # it ended the survivors' processes (a fresh-clone `make test` at df08389).
+            self._finished(req.step, "", t0, time.monotonic() - t0, e)
+            return time.monotonic() - t0
         if isinstance(known, rf.Failed):
             self._finished(req.step, "", t0, time.monotonic() - t0,
                            rf.StoreFault(known.message, known.kind, not known.transient))
