@@ -36,6 +36,11 @@ line (blank lines and `#` comments allowed):
                                       (SIGSTOP) once it wrote its shards, before it hands their
                                       results to the coordinator, so its peers are inside the
                                       save's collective with a node gone dark; CRASH_ONCE applies
+    ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG=1
+                                      rank 0 stops itself (SIGSTOP) before it broadcasts the
+                                      checkpoint catalog (the first save after a new
+                                      generation), so its peers wait in that broadcast with a
+                                      node gone dark; CRASH_ONCE applies
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -79,9 +84,10 @@ KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
 FREEZE_BEFORE_COMMIT = "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT"
 FREEZE_DURING_SAVE = "ELASTRAIN_FAULT_FREEZE_DURING_SAVE"
 FREEZE_DURING_HEAL = "ELASTRAIN_FAULT_FREEZE_DURING_HEAL"
+FREEZE_BEFORE_CATALOG = "ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
            FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT, FREEZE_DURING_SAVE,
-           FREEZE_DURING_HEAL)
+           FREEZE_DURING_HEAL, FREEZE_BEFORE_CATALOG)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -169,6 +175,13 @@ def before_commit(env: Mapping[str, str] = os.environ) -> None:
     knobs = read_knobs(env)
     if int(knobs.get(FREEZE_BEFORE_COMMIT) or 0) and _first_time(knobs.get(CRASH_ONCE)):
         _freeze_if(FREEZE_BEFORE_COMMIT, "before the commit", env)
+
+
+def before_catalog(rank: int, env: Mapping[str, str] = os.environ) -> None:
+    knobs = read_knobs(env)
+    if rank == 0 and int(knobs.get(FREEZE_BEFORE_CATALOG) or 0) \
+            and _first_time(knobs.get(CRASH_ONCE)):
+        _freeze_if(FREEZE_BEFORE_CATALOG, "before the catalog's broadcast", env)
 
 
 def during_save(rank: int, env: Mapping[str, str] = os.environ) -> None:

@@ -289,6 +289,40 @@ def test_a_peer_dark_during_a_save_is_planned_out_within_the_heartbeats_bound(
     assert len(numbers) - len(set(numbers)) <= 1, numbers
 
 
+def test_rank_0_dark_in_the_catalogs_broadcast_after_a_join_costs_the_survivors_no_restart(
+        pods: Pods, tmp_path: Path) -> None:
+    """The first save after a new generation broadcasts the checkpoint catalog from rank 0 (a
+    joiner never loaded one). a and b train at world 2, c joins (world 3), and rank 0 freezes
+    before that broadcast: the others wait in it with a node gone dark. The heartbeat's sever
+    ends it; the save fails like any and the survivors regroup at world 2 in their processes.
+    Before (df08389), the broadcast ran outside the save's error handling and its error ended
+    both survivors' processes (seen in a fresh-clone `make test` and in e2e scenario 24)."""
+    faults = tmp_path / "faults.env"
+    faults.write_text("ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG=1\n"
+                      f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'fault.fired'}\n")
+    for node in ("a", "b"):
+        pods.start(node, 2, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults))
+    wait_for(lambda: pods.stepped() >= 1, "a step at world 2", timeout=180)
+    pods.start("c", 3, MAX_REPLICAS="3", FAULT_INJECTION_FILE=str(faults))
+    where = "injected freeze before the catalog's broadcast"
+    wait_for(lambda: [n for n in pods.procs if where in pods.log(n)], "rank 0 frozen",
+             timeout=180)
+    (frozen,) = [n for n in pods.procs if where in pods.log(n)]
+    survivors = sorted(set(pods.procs) - {frozen})
+    wait_for(lambda: fails(pods), f"the regroup after {frozen} froze", timeout=60)
+    fail = fails(pods)[0]
+    assert fail["world_size"] == 2 and fail["lost"] == [frozen], fail
+    pods.signal_pod(frozen, signal.SIGCONT)
+    codes = pods.wait_all()
+    assert codes == {"a": 0, "b": 0, "c": 0}, {n: pods.log(n) for n in codes}
+    nodes = {r["node"] for r in pods.all_records() if r["event"] == "regroup"}
+    assert not nodes & {f"{n}.1" for n in survivors}, nodes  # the survivors kept theirs
+    assert not any(r["event"] == "resumed" for r in pods.all_records())
+    numbers = [r["step"] for r in pods.all_records() if r["event"] == "step"]
+    assert sorted(set(numbers)) == list(range(1, 81)), numbers
+    assert len(numbers) - len(set(numbers)) <= 1, numbers
+
+
 def test_a_joiner_dark_during_its_heal_is_planned_out_within_the_heartbeats_bound(
         pods: Pods, tmp_path: Path) -> None:
     """Issue 34 item 2: a node that goes dark while it is being healed. a and b train at world

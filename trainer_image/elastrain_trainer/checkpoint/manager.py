@@ -291,6 +291,7 @@ class CheckpointManager:
         attempt: a save that cannot list fails like any save and the next one tries again."""
         if self.catalog is not None:
             return None
+        fault_injection.before_catalog(dist.get_rank() if dist.is_initialized() else 0)
         outcome = self._broadcast(lambda: rf.attempt(lambda: scan(self.storage), self.storage,
                                                      action="list", key="", storage_call=True))
         if isinstance(outcome, rf.Ok):
