@@ -28,9 +28,13 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
    doomed worker leaves at once and the spare takes its place; its replacement becomes the new
    spare; the drain finds none of the job's pods there. Nothing counted.
 5. The job's store moved to node 2 (its node label moved, its pod deleted: the world reclaims the
-   new one), then node 2 partitioned: the world trains on without the store, the operator
-   force-deletes the store pod once node 2 is NotReady and creates it on node 1, the world
-   reclaims it. Nothing counted, no step redone.
+   new one), then node 2 partitioned: the world trains on without the store; no trainer hears
+   it, so the operator force-deletes the store pod (node 2 may still read Ready) and creates it
+   on node 1, and the world reclaims it. Nothing counted, no step redone.
+6. Worker 2 and the store both on node 2, then node 2 partitioned: the store is replaced the
+   same way, a survivor restores the world's generation into the new one, and the heartbeat
+   plans the dark worker out there; it is replaced (a failure) and fenced once the partition
+   lifts.
 
 Scenario 19 (issue 34, items 2 and 4), run after 1 on this job, already up (a job of its own
 cost ~20-25 s of the issue's 10 minutes, and scenario 2 a scale down and up to put worker 2 back
@@ -522,13 +526,7 @@ def test_5_the_stores_node_partitioned_stalls_no_step_and_the_store_returns_on_n
         t.settle()
     # The store moved to node 2: its pod deleted with its node label moved there (a store lost
     # during training, reclaimed by the world: section 7).
-    t.store_on(t.second.name)
-    moved = time.time()
-    t.k("delete", "pod", f"{t.job}-rdzv", "-n", t.ns, "--wait=false")
-    wait_for("the store running on node 2", lambda: (p := store_pod(t)) is not None
-             and p["spec"].get("nodeName") == t.second.name, timeout=120)
-    wait_for("the world in the store on node 2", lambda: [
-        r for r in t.logs.events("store_restored") if float(r["time"]) > moved], timeout=120)
+    move_store_to(t, t.second.name)
     t.store_on(NODE_1)  # where the operator creates it once node 2 is lost
     t.settle()
     before, survivors = t.counters(), t.survivors()
@@ -540,14 +538,16 @@ def test_5_the_stores_node_partitioned_stalls_no_step_and_the_store_returns_on_n
         restored = wait_for("the world in the store on node 1", lambda: next(
             (r for r in t.logs.events("store_restored") if float(r["time"]) > at), None),
             timeout=120)
+        # Replaced on the trainers' word (policy.store.unheard_for), before the node controller
+        # marks node 2 (its grace alone is ~40-50 s here).
+        ready_then = node_ready(t, t.second.name)
         mark = time.time()
         wait_for("10 steps in the new store", lambda: len(
             [r for r in t.logs.events("step") if float(r["time"]) > mark]) >= 10, timeout=60)
-        assert not node_ready(t, t.second.name)
     finally:
         t.second.heal()
-    reasons = event_reasons(t.k, t.ns, t.job)
-    assert "StoreLost" in reasons, reasons
+    told = event_messages(t, "StoreLost")
+    assert any("no trainer has heard the rendezvous store pod" in m for m in told), told
     # Trained on while the store was dark: no gap near the ~50 s the store was away.
     times = [at, *(float(r["time"]) for r in t.logs.events("step")
                    if at < float(r["time"]) < float(restored["time"])), float(restored["time"])]
@@ -565,6 +565,93 @@ def test_5_the_stores_node_partitioned_stalls_no_step_and_the_store_returns_on_n
     store_back_s = float(restored["time"]) - at
     record_recovery("34-store-node-partitioned", store_back_s, mode=INPROCESS,
                     pod=back["metadata"]["name"], longest_step_gap_s=round(gap, 2),
-                    steps_while_dark=len(times) - 2)
+                    steps_while_dark=len(times) - 2, node_2_ready_then=ready_then)
     print(f"store's node partitioned: {len(times) - 2} steps while it was away, longest gap "
-          f"{gap:.2f} s; the world in the new store on node 1 after {store_back_s:.1f} s")
+          f"{gap:.2f} s; the world in the new store on node 1 after {store_back_s:.1f} s "
+          f"(node 2 {'still Ready' if ready_then else 'NotReady'} then)")
+
+
+def event_messages(t: TwoNodeJob, reason: str) -> list[str]:
+    doc = t.k.json("get", "events", "-n", t.ns, "--field-selector",
+                   f"involvedObject.name={t.job},reason={reason}")
+    return [str(e.get("message", "")) for e in doc["items"]]
+
+
+def move_store_to(t: TwoNodeJob, node: str) -> None:
+    """The store's pod deleted with its node label moved to `node`; returns once the world
+    reclaimed the new one there (section 7)."""
+    t.store_on(node)
+    moved = time.time()
+    t.k("delete", "pod", f"{t.job}-rdzv", "-n", t.ns, "--wait=false")
+    wait_for(f"the store running on {node}", lambda: (p := store_pod(t)) is not None
+             and p["spec"].get("nodeName") == node, timeout=120)
+    wait_for(f"the world in the store on {node}", lambda: [
+        r for r in t.logs.events("store_restored") if float(r["time"]) > moved], timeout=120)
+
+
+def test_6_a_worker_dark_with_its_store_is_planned_out_in_the_store_that_replaced_it(
+        two: TwoNodeJob) -> None:
+    """Worker 2 and the job's store both on node 2, then node 2 partitioned: the survivors'
+    step waits on the dark worker and their heartbeat cannot judge it without a store. Before,
+    nothing moved until the node controller marked node 2 (~40-50 s), then the store's
+    replacement and a heartbeat timeout. Now the operator replaces the store no trainer hears
+    (policy.store.unheard_for) while node 2 still reads Ready, a survivor restores the world's
+    generation into it and the heartbeat plans the dark worker out there (docs/recovery.md
+    section 8, "A worker and its store dark together"): world 2 in the survivors' processes,
+    the dark worker replaced (one failure) and fenced once the partition lifts."""
+    t = two
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    dark = t.put_worker_2_on_node_2()
+    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    move_store_to(t, t.second.name)
+    t.store_on(NODE_1)  # where the operator creates it next
+    t.settle()
+    before, survivors = t.counters(), t.survivors()
+    lost_before = max(t.logs.events("regroup"), key=lambda r: float(r["time"]))["lost"]
+    t.hold(t.second.name)  # the replacement worker on node 1
+    at = time.time()
+    t.second.partition()
+    try:
+        restored = wait_for("the world in a store on node 1", lambda: next(
+            (r for r in t.logs.events("store_restored") if float(r["time"]) > at), None),
+            timeout=120)
+        fail = wait_for("the world without the dark worker", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r["world_size"] == 2), None), timeout=90)
+        ready_then = node_ready(t, t.second.name)
+        assert fail["reason"] == "fail" and fail["lost"] == [*lost_before, dark], \
+            (fail, lost_before)
+        replacement = wait_for("worker 2's replacement bound to node 1",
+                               lambda: t.bound(2, NODE_1), timeout=120)
+        joined = wait_for("the replacement in the world", lambda: next(
+            (r for r in t.logs.events("regroup") if float(r["time"]) > at
+             and r.get("node") == replacement and r["world_size"] == 3), None), timeout=180)
+        assert t.counters() == (before[0], before[1] + 1)
+    finally:
+        t.second.heal()
+        t.release(t.second.name)
+    healed = time.time()
+    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    wait_for("10 steps after the heal", lambda: len(
+        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= 10, timeout=120)
+    told = event_messages(t, "StoreLost")
+    assert any("no trainer has heard the rendezvous store pod" in m for m in told), told
+    assert not [r for r in t.logs.events("step") if r["pod"] == dark
+                and float(r["time"]) > float(fail["time"])]
+    assert t.counters() == (before[0], before[1] + 1)
+    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
+        "a survivor's trainer process was restarted"
+    made, latest, newest = settled_commits(t.node, t.ns, t.job)
+    assert not [c for c in made if c["fenced"]], made
+    assert not [c for c in made if c["gen"] < int(fail["gen"]) and c["at"] > float(fail["time"])]
+    assert latest == newest["dir"], (latest, newest)
+    world_2_s = float(fail["time"]) - at
+    record_recovery("34-worker-and-store-partitioned", world_2_s, mode=INPROCESS, pod=dark,
+                    store_back_s=round(float(restored["time"]) - at, 1),
+                    whole_s=round(float(joined["time"]) - at, 1), node_2_ready_then=ready_then)
+    print(f"{dark} and the store partitioned: the world in a new store after "
+          f"{float(restored['time']) - at:.1f} s, world 2 after {world_2_s:.1f} s (node 2 "
+          f"{'still Ready' if ready_then else 'NotReady'} then), {replacement} in the world "
+          f"after {float(joined['time']) - at:.1f} s")

@@ -11,7 +11,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,6 +116,9 @@ class _Progress:
     # operator moves a worker off a node with a notice once its replacement is among them).
     members: tuple[str, ...] = ()
     spares: tuple[str, ...] = ()
+    # InProcess: seconds since this node's heartbeat last heard the job's store (None: no
+    # heartbeat yet); the operator replaces a store no trainer hears (watch_store).
+    store_unanswered: Callable[[], float | None] | None = None
 
 
 _progress = _Progress()
@@ -214,6 +217,12 @@ def record_world_pods(members: Iterable[str], spares: Iterable[str]) -> None:
     """The current plan's pods: its members and its spares."""
     with _lock:
         _progress.members, _progress.spares = tuple(members), tuple(spares)
+
+
+def watch_store(unanswered_s: Callable[[], float | None]) -> None:
+    """Where /progress reads how long this node's heartbeat has not heard the store."""
+    with _lock:
+        _progress.store_unanswered = unanswered_s
 
 
 def record_role(role: str) -> None:
@@ -418,7 +427,14 @@ def _document() -> dict[str, Any]:
                                for p, t in _progress.planned_out.items()}}
                if _progress.planned_out else {}),
             **({"members": list(_progress.members), "spares": list(_progress.spares)}
-               if _progress.members else {})}
+               if _progress.members else {}),
+            **({"storeUnansweredSeconds": round(unanswered, 1)}
+               if (unanswered := _store_unanswered()) is not None else {})}
+
+
+def _store_unanswered() -> float | None:
+    """Takes the heartbeat's lock inside _lock: the heartbeat never calls in here holding it."""
+    return _progress.store_unanswered() if _progress.store_unanswered is not None else None
 
 
 def _validation() -> dict[str, Any] | None:

@@ -140,6 +140,10 @@ class RendezvousStoreState(ApiModel):
     replace_after: datetime | None = Field(
         default=None, description="Workers are replaced after this time (backoff), or as soon "
                                   "as the store is Ready.")
+    unheard_on: str | None = Field(
+        default=None, max_length=253,
+        description="The node of this store pod, replaced because no trainer heard it (its "
+                    "node dark, its process frozen): the next store pod prefers another node.")
 
 
 QueueState = Literal["Creating", "Queued", "Admitted", "Evicted", "Finished"]

@@ -22,7 +22,7 @@ from elastrain_operator.policy.failures import Exit, classify_pod_exit
 from elastrain_operator.policy.round import Observed, Round, current_pods
 from elastrain_operator.policy.stale import Removal, removal
 from elastrain_operator.policy.status import EventSpec
-from elastrain_operator.policy.store import StorePod, store_hold
+from elastrain_operator.policy.store import StorePod, store_hold, unheard_for
 from elastrain_operator.render.network import MetricsPeers, render_network_policy
 from elastrain_operator.render.rendezvous import render_store_pod, render_store_service
 from elastrain_operator.render.service import render_worker_service
@@ -69,6 +69,20 @@ def _replace_lost_store(r: Round, store: StorePod, name: str, why: str) -> None:
             "force-deleted and created again on a live node"))
 
 
+def _replace_unheard_store(r: Round, store: StorePod, name: str, unheard: float) -> None:
+    """No trainer has heard the store pod (policy.store.unheard_for): force-delete it (its
+    kubelet may not answer, and the next pod takes its name) and keep the next one off its
+    node, which may still read Ready."""
+    r.force_delete_pods.append(store_name(name))
+    if r.acct.store is not None:
+        r.acct = replace(r.acct, store=r.acct.store.model_copy(update={"unheard_on": store.node}))
+    r.events.append(EventSpec(
+        "Warning", c.STORE_LOST,
+        f"no trainer has heard the rendezvous store pod (on node {store.node or 'unknown'}) for "
+        f"{unheard:.0f} s (its node dark or its process frozen): the pod is force-deleted and "
+        "created again, on another node where one takes it"))
+
+
 def converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
               finishing: bool, network: MetricsPeers | None,
               now: datetime) -> tuple[bool, bool, datetime | None]:
@@ -86,10 +100,15 @@ def converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         r.create.append(render_network_policy(job, network))
     store = observed.store
     if pods and store is None:
-        r.create.append(render_store_pod(job))
+        r.create.append(render_store_pod(job, avoid=r.acct.store.unheard_on or ""
+                                         if r.acct.store is not None else ""))
         created = True
     elif store is not None and store.node in observed.lost_nodes:
         _replace_lost_store(r, store, name, observed.lost_nodes[store.node])
+    elif store is not None and job.spec.in_process and (unheard := unheard_for(
+            observed.progress, store, r.acct.store, job.spec.recovery.heartbeat_timeout_seconds,
+            now=now)) is not None:
+        _replace_unheard_store(r, store, name, unheard)
     elif store is not None and not store.deleting and (
             (not pods and not _workers_run(observed))
             or store.phase in ("Failed", "Succeeded")):

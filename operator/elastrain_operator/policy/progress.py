@@ -5,12 +5,14 @@ Progress path: every trainer pod's local rank 0 serves `GET /progress` on spec.m
 "lastCheckpoint": {"step": int, "uri": str, "time": RFC3339}|null,
 "resumedFromStep": int|null, "trainingSince": RFC3339|null, "startedAt": RFC3339|null,
 "lastStepTime": RFC3339|null, "validation": {"step": int, "loss": float}|null,
-"role": "member"|"spare", "plannedOut": {pod: seconds}, "members": [pod], "spares": [pod]}`
-(the last nine are newer: older trainers leave them out; the last four only in-process
+"role": "member"|"spare", "plannedOut": {pod: seconds}, "members": [pod], "spares": [pod],
+"storeUnansweredSeconds": float}`
+(the last ten are newer: older trainers leave them out; the last five only in-process
 trainers send: `role` once a plan named them, `plannedOut` the pods their world planned out
 without notice and not back since, with how long ago this trainer saw it (policy.replace acts
 on it), `members` and `spares` the pods of its plan (policy.notices waits for a replacement
-among them before it moves a worker off a node with a notice)).
+among them before it moves a worker off a node with a notice), `storeUnansweredSeconds` how
+long its heartbeat has not heard the job's store (policy.store replaces a store none hears)).
 The operator polls its Ready workers from its per-job ticker (short timeout, failures ignored;
 in-process jobs on the control channel, `POST /control` with the job's token and the desired
 workers, which answers the same document: how their trainers learn the desired world after a
@@ -71,6 +73,8 @@ class ProgressReport:
     world_pods: frozenset[str] = frozenset()
     # In-process only: the pods of that plan waiting as spares.
     spare_pods: frozenset[str] = frozenset()
+    # In-process only: seconds since this trainer's heartbeat last heard the job's store.
+    store_unanswered_s: float | None = None
 
     @property
     def spare(self) -> bool:
@@ -101,7 +105,8 @@ def parse_progress(payload: Any) -> ProgressReport | None:
                           role=_role(payload.get("role")),
                           planned_out=_planned_out(payload.get("plannedOut")),
                           world_pods=_pods(payload.get("members")) | _pods(payload.get("spares")),
-                          spare_pods=_pods(payload.get("spares")))
+                          spare_pods=_pods(payload.get("spares")),
+                          store_unanswered_s=_seconds(payload.get("storeUnansweredSeconds")))
 
 
 def _role(raw: Any) -> Role | None:
@@ -113,8 +118,15 @@ def _planned_out(raw: Any) -> dict[str, float]:
     """The newer "plannedOut" field; entries that are not pod -> seconds are dropped."""
     if not isinstance(raw, dict):
         return {}
-    return {k: float(v) for k, v in raw.items() if isinstance(k, str) and len(k) <= 253
-            and isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e9}
+    return {k: v for k, raw_v in raw.items() if isinstance(k, str) and len(k) <= 253
+            and (v := _seconds(raw_v)) is not None}
+
+
+def _seconds(raw: Any) -> float | None:
+    """A newer field of seconds; anything but a plausible number is dropped."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw < 1e9:
+        return float(raw)
+    return None
 
 
 def _pods(raw: Any) -> frozenset[str]:

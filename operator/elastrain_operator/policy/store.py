@@ -16,11 +16,19 @@ and be replaced at once, forever. So, from the observed store pod alone:
   store turns Ready first. A worker created before the current store knew an earlier store, and
   one that lost a store that had been Ready lost it to the platform: preemptions, as before;
 - store_timed_out: a store never Ready for spec.rendezvous.store.readyTimeoutSeconds fails the
-  job (RendezvousStoreNotReady), naming the store pod and why it is not Ready.
+  job (RendezvousStoreNotReady), naming the store pod and why it is not Ready;
+- unheard_for: a store that was Ready but that no in-process trainer has heard for
+  UNHEARD_TIMEOUTS heartbeat timeouts (each reports `storeUnansweredSeconds`) is replaced at once
+  (policy.converge). Its node may be dark (packets dropped, the host hung) and still read Ready
+  for the node controller's grace (~40-50 s), or its process frozen: a store that answers
+  nothing closes nothing, so nothing else would replace it before its node is marked lost. In
+  process a world trains on through that (docs/recovery.md section 7), but a worker dark with
+  it (the same node) cannot be planned out without a store, so the whole world waited.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,6 +37,7 @@ from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import RendezvousStore, RestartPolicy
 from elastrain_operator.model.status import RendezvousStoreState
 from elastrain_operator.policy.failures import WorkerPod, aware_time, lost_rendezvous
+from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.restarts import backoff_until
 
 Manifest = dict[str, Any]
@@ -41,6 +50,9 @@ IMAGE_PULL_REASONS = frozenset({
 # Waiting reasons on the way to running: not a failure.
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing", ""})
 MESSAGE_LIMIT = 400
+# A store unheard by every trainer for this many heartbeat timeouts is replaced: the trainers'
+# own heartbeat gives up on a store request after as long (their store_lost).
+UNHEARD_TIMEOUTS = 2
 
 
 @dataclass(frozen=True)
@@ -193,3 +205,21 @@ def store_timed_out(spec: RendezvousStore, state: RendezvousStoreState | None,
             f"the rendezvous store pod {name} was not Ready within "
             f"spec.rendezvous.store.readyTimeoutSeconds ({timeout}); {readiness.reason}: "
             f"{readiness.message}")
+
+
+def unheard_for(reports: Sequence[ProgressReport] | None, store: StorePod | None,
+                state: RendezvousStoreState | None, heartbeat_timeout_s: float, *,
+                now: datetime) -> float | None:
+    """How long no trainer has heard the store, when that is reason to replace it now (None:
+    keep it). Only on a poll with reports (none: the operator cannot tell a dark store from its
+    own dark network), every one of them saying so, of a store that was Ready this long: the
+    trainers still finding a store that just replaced another are not its silence."""
+    if (not reports or store is None or not store.ready or store.deleting or state is None
+            or state.uid != store.uid or state.ready_at is None):
+        return None
+    heard = [r.store_unanswered_s for r in reports]
+    if any(h is None for h in heard):
+        return None
+    silent = min(h for h in heard if h is not None)
+    unheard = min(silent, (now - state.ready_at).total_seconds())
+    return unheard if unheard >= UNHEARD_TIMEOUTS * heartbeat_timeout_s else None

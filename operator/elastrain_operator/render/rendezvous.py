@@ -54,7 +54,10 @@ def render_store_command(port: int) -> list[str]:
     return ["python3", "-c", STORE_PROGRAM, "0.0.0.0", str(port)]
 
 
-def render_store_pod(job: TrainingJob) -> Manifest:
+def render_store_pod(job: TrainingJob, avoid: str = "") -> Manifest:
+    """`avoid`: a node the pod prefers not to run on (the node of a store no trainer heard,
+    policy.store: it may still read Ready). Preferred, not required: on a cluster whose only
+    node that takes the store is that one (one node, a frozen store process), it lands there."""
     spec = job.spec
     store = spec.rendezvous.store
     port = spec.rendezvous.port
@@ -82,6 +85,12 @@ def render_store_pod(job: TrainingJob) -> Manifest:
         pod_spec["nodeSelector"] = dict(store.node_selector)
     pod_spec["tolerations"] = with_node_loss_tolerations(
         job, [t.to_api() for t in store.tolerations])
+    if avoid:
+        elsewhere = {"matchFields": [
+            {"key": "metadata.name", "operator": "NotIn", "values": [avoid]}]}
+        pod_spec["affinity"] = {"nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": elsewhere}]}}
     if store.priority_class_name:
         pod_spec["priorityClassName"] = store.priority_class_name
     if spec.template.image_pull_secrets:

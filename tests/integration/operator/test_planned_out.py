@@ -7,13 +7,14 @@ Node watch keeps it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from elastrain_operator.control import job_token
 from elastrain_operator.k8s.nodes import NodeNotices
-from elastrain_operator.reconcile import Options, reconcile_once
+from elastrain_operator.reconcile import Options, reconcile_once, utcnow
 from tests.integration.operator.conftest import Cluster, wait_for
 from tests.integration.operator.own_nodes import own_nodes, pinned, ready_condition
 from tests.stand_in_progress import StandInProgress
@@ -113,5 +114,59 @@ def test_a_store_pod_on_a_lost_node_is_force_deleted_and_created_again(cluster: 
         new = cluster.kube.get(store)
         assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
         cluster.kubelet.dark.discard("demo-rdzv")
+    status = cluster.status()
+    assert (status.get("restarts", 0), status.get("preemptions", 0)) == (0, 0)
+
+
+def test_a_store_no_trainer_hears_is_replaced_on_another_node_while_its_own_reads_ready(
+        cluster: Cluster) -> None:
+    """The store's node dark but still Ready (the node controller has not yet marked it), or
+    its process frozen: every member's control answer says its heartbeat has not heard the
+    store for two heartbeat timeouts. The operator force-deletes the store pod (its kubelet
+    confirms nothing) and the scheduler puts the next one on the pool's other node (a
+    preference, not a requirement: policy.store). Seen failing before the change: the store
+    stayed, Ready, on its node."""
+    key = b"the operator's key, 32 characters or more"
+    members = StandInProgress({"step": 40, "totalSteps": 100, "worldSize": 2, "role": "member",
+                               "storeUnansweredSeconds": 12.0})
+    store = f"/api/v1/namespaces/{cluster.ns}/pods/demo-rdzv"
+    with own_nodes(cluster.kube, "unheard", False, False) as (pool, pool_nodes):
+        try:
+            job = cluster.create_job(replicas=2, minReplicas=1, metricsPort=members.port,
+                                     recovery={"mode": "InProcess", "heartbeatTimeoutSeconds": 5},
+                                     rendezvous={"store": pinned(pool)})
+            members.token = job_token(key, job["metadata"]["uid"])
+            start = utcnow()
+            at = [start]
+            options = Options(poll_progress=True, control_key=key, clock=lambda: at[0])
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            old = wait_for("the store pod on a node of the pool", lambda: (
+                p if (p := cluster.kube.get(store) or {}).get("spec", {}).get("nodeName")
+                in pool_nodes else None))
+            cluster.pod_status("demo-rdzv", {"phase": "Running", "podIP": "127.0.0.9",
+                                             "conditions": [{"type": "Ready", "status": "True"}]})
+            for name in cluster.worker_names():
+                cluster.run(name)
+            assert cluster.kubelet is not None
+            cluster.kubelet.dark.add("demo-rdzv")  # its kubelet confirms nothing
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            assert (cluster.kube.get(store) or {}).get("metadata", {}).get("uid") == \
+                old["metadata"]["uid"]  # just seen Ready: its silence is not yet its own
+            at[0] = start + timedelta(seconds=15)
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            assert cluster.kube.get(store) is None  # gone, not Terminating
+            events = [e["message"] for e in cluster.events("StoreLost")]
+            assert any("no trainer has heard the rendezvous store pod (on node "
+                       f"{old['spec']['nodeName']}) for 12 s" in m for m in events), events
+            assert reconcile_once(cluster.kube, cluster.ns, "demo", options) == "success"
+            (other,) = set(pool_nodes) - {old["spec"]["nodeName"]}
+            new = wait_for("the new store pod on the other node", lambda: (
+                p if (p := cluster.kube.get(store) or {}).get("spec", {}).get("nodeName")
+                else None))
+            assert new["metadata"]["uid"] != old["metadata"]["uid"]
+            assert new["spec"]["nodeName"] == other, new["spec"]
+            cluster.kubelet.dark.discard("demo-rdzv")
+        finally:
+            members.close()
     status = cluster.status()
     assert (status.get("restarts", 0), status.get("preemptions", 0)) == (0, 0)

@@ -113,3 +113,34 @@ def test_a_node_that_lost_the_store_judges_no_peer_silent(
         a.stop()
         b.stop()
     assert not judged, judged
+
+
+def test_the_progress_tells_how_long_a_frozen_store_has_answered_nothing(
+        store_behind_proxy: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's process frozen (SIGSTOP: it accepts nothing, answers nothing, closes
+    nothing): this node's /progress says how long its heartbeat has not heard the store, which
+    the operator reads to replace a store none of the trainers hears (operator policy.store);
+    once the store answers again it says so within an interval or two."""
+    import signal
+
+    from elastrain_trainer import metrics
+
+    s = store_behind_proxy
+    monkeypatch.setattr(metrics, "_progress", metrics._Progress())
+    assert "storeUnansweredSeconds" not in metrics.progress_document()
+    hb = heartbeat("a", s["proxy"].port)
+    metrics.watch_store(hb.unanswered_s)
+    try:
+        time.sleep(3 * hb.interval_s)
+        assert metrics.progress_document()["storeUnansweredSeconds"] < 2 * hb.interval_s + 0.2
+        s["store"].send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        time.sleep(2 * TIMEOUT_S)
+        told = metrics.progress_document()["storeUnansweredSeconds"]
+        assert 2 * TIMEOUT_S - 2 * hb.interval_s - 0.2 <= told <= time.monotonic() - frozen + 0.1
+        s["store"].send_signal(signal.SIGCONT)
+        wait_for(lambda: metrics.progress_document()["storeUnansweredSeconds"] < 1.0,
+                 "heard again", timeout=30)
+    finally:
+        s["store"].send_signal(signal.SIGCONT)
+        hb.stop()

@@ -7,6 +7,7 @@ from typing import Any
 
 from elastrain_operator.describe import describe_job
 from elastrain_operator.model import conditions as c
+from elastrain_operator.policy.progress import parse_progress
 from tests.unit.operator.test_planning import T0, World
 
 LOST = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to "
@@ -151,3 +152,74 @@ def test_a_store_pod_on_a_lost_node_is_force_deleted_and_created_again_at_once()
     p = w.reconcile(at(3), lost_nodes=lost)
     assert [m["metadata"]["name"] for m in p.create] == ["demo-rdzv"]
     assert not p.force_delete_pods and len(w.workers()) == 2
+
+
+def unheard(seconds: float | None, step: int = 5) -> Any:
+    """A member's /progress saying how long its heartbeat has not heard the store."""
+    doc: dict[str, Any] = {"step": step, "worldSize": 2, "role": "member"}
+    if seconds is not None:
+        doc["storeUnansweredSeconds"] = seconds
+    report = parse_progress(doc)
+    assert report is not None and report.store_unanswered_s == seconds
+    return report
+
+
+def ready_store_world() -> World:
+    w = World.new(recovery={"mode": "InProcess", "heartbeatTimeoutSeconds": 5})
+    w.reconcile(at(0))
+    w.pods["demo-rdzv"]["spec"]["nodeName"] = "node-b"
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}]}
+    for name in w.workers():
+        w.set_pod(name, "Running")
+    w.reconcile(at(1))  # the store seen Ready at 1 s
+    return w
+
+
+def test_a_store_no_trainer_hears_is_replaced_before_its_node_is_lost_and_kept_off_it() -> None:
+    """Issue 34: the store's node dark but still Ready (the node controller's grace), or its
+    process frozen: every trainer polled reports it has not heard the store for two heartbeat
+    timeouts, so the operator force-deletes it at once and its next pod prefers another node.
+    Not sooner, not on one trainer's word while another hears it, not for a trainer that
+    reports nothing (an older image), and not for a new store the trainers have not found
+    yet."""
+    w = ready_store_world()
+    assert not w.reconcile(at(30), progress=(unheard(9.9), unheard(12.0))).force_delete_pods
+    assert not w.reconcile(at(31), progress=(unheard(11.0), unheard(0.4))).force_delete_pods
+    assert not w.reconcile(at(32), progress=(unheard(11.0), unheard(None))).force_delete_pods
+    assert not w.reconcile(at(33), progress=()).force_delete_pods
+    p = w.reconcile(at(34), progress=(unheard(10.2), unheard(10.6)))
+    assert p.force_delete_pods == ("demo-rdzv",) and not p.delete_pods
+    (event,) = [e for e in p.events if e.reason == c.STORE_LOST]
+    assert "no trainer has heard the rendezvous store pod (on node node-b) for 10 s" \
+        in event.message, event.message
+    assert (w.status["preemptions"], w.status["restarts"]) == (0, 0)
+    assert w.status["rendezvousStore"]["unheardOn"] == "node-b"
+    created = w.reconcile(at(35)).create
+    (store,) = [m for m in created if m["metadata"]["name"] == "demo-rdzv"]
+    assert store["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"] == {
+        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}]}
+    # The new store: Ready at 40 s; the trainers' silence still counts from the old one's, but
+    # the new pod is judged from its own readiness only.
+    w.pods["demo-rdzv"]["spec"]["nodeName"] = "node-a"
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}]}
+    w.reconcile(at(40))
+    assert "unheardOn" not in w.status["rendezvousStore"]
+    assert not w.reconcile(at(45), progress=(unheard(20.0), unheard(20.0))).force_delete_pods
+    assert w.reconcile(at(50), progress=(unheard(30.0), unheard(30.0))).force_delete_pods == (
+        "demo-rdzv",)
+
+
+def test_a_restart_mode_jobs_store_is_never_replaced_on_reports() -> None:
+    """Torchrun agents report no store silence; a report that did would change nothing for
+    them (their rendezvous store's loss restarts the group anyway)."""
+    w = World.new(recovery={"mode": "Restart"})
+    w.reconcile(at(0))
+    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}]}
+    for name in w.workers():
+        w.set_pod(name, "Running")
+    w.reconcile(at(1))
+    assert not w.reconcile(at(60), progress=(unheard(50.0), unheard(50.0))).force_delete_pods

@@ -162,6 +162,16 @@ class Heartbeat:
                 return frozenset()
             return self._liveness.dead(time.monotonic(), bound_s)
 
+    def unanswered_s(self) -> float | None:
+        """Seconds since this thread last heard the store (None before it started): what the
+        node's /progress tells the operator, which replaces a store that every trainer it asks
+        has not heard for the heartbeat timeout (its node dark, its process frozen) without
+        waiting for the node to be marked lost (operator policy.store)."""
+        if not self.started:
+            return None
+        with self._lock:
+            return time.monotonic() - self._answered_at
+
     def answered_after(self, moment: float) -> bool:
         """Whether this thread heard the store after `moment` (monotonic)."""
         with self._lock:

@@ -132,6 +132,7 @@ class InProcessRuntime:
             moving=metrics.moving_pods, hold_budget_s=hold_budget_s(),
             lost=metrics.lost_pods, on_rejoin=metrics.record_rejoining,
             device=device if on_gpu else None)))
+        metrics.watch_store(self.member.heartbeat.unanswered_s)
         self.member.wait_alone()
         user_groups.track(self.member.adopt_groups)  # the script's groups are severed too
         self.peer_loss = PeerLoss()
