@@ -352,11 +352,7 @@ def store_plan(t: TwoNodeJob, pod: str) -> dict[str, Any]:
 def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_lifts(
         two: TwoNodeJob) -> None:
     t = two
-    t.settle()
-    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
-    t.settle(replicas=2)
-    dark = t.put_worker_2_on_node_2()
-    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    dark, uid = worker_2_on_node_2(t)
     before = t.counters()
     survivors = t.survivors()
     # The world's plan keeps listing the pods it planned out that never came back (scenario 19's
@@ -387,30 +383,14 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     finally:
         t.second.heal()
         t.release(t.second.name)
-    healed = time.time()
-    # Lifted: its processes end (its sockets reset, it finds itself planned out; its pod was
-    # deleted, so its kubelet, back, stops it), and it never trained beside the world.
-    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
-    wait_for("20 steps after the heal", lambda: len(
-        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= 20, timeout=120)
+    healed = lifted_and_fenced(t, uid, dark, fail, before, survivors, steps=20)
     after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
     assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
-    assert not [r for r in t.logs.events("step") if r["pod"] == dark
-                and float(r["time"]) > float(fail["time"])]
-    assert t.counters() == (before[0], before[1] + 1)
-    assert {n: t.survivors().get(n) for n in survivors} == survivors, \
-        "a survivor's trainer process was restarted"
     # The store: its generation moved on, and no plan since names the dark worker's pod.
     read = store_plan(t, next(iter(survivors)))
     assert read["gen"] >= int(joined["gen"]), read
     assert {n.rpartition(".")[0] or n for n in read["nodes"]} == \
         set(survivors) | {replacement}, read
-    # The bucket: no commit of the dark worker's generation after the world moved on, none
-    # fenced, `latest` the world's newest.
-    made, latest, newest = settled_commits(t.node, t.ns, t.job)
-    assert not [c for c in made if c["fenced"]], made
-    assert not [c for c in made if c["gen"] < int(fail["gen"]) and c["at"] > float(fail["time"])]
-    assert latest == newest["dir"], (latest, newest)
     record_recovery("34-partition", float(joined["time"]) - at, mode=INPROCESS, pod=dark,
                     world_2_after_s=round(float(fail["time"]) - at, 1),
                     ended_after_heal_s=round(time.time() - healed, 1))
@@ -600,11 +580,7 @@ def test_6_a_worker_dark_with_its_store_is_planned_out_in_the_store_that_replace
     section 8, "A worker and its store dark together"): world 2 in the survivors' processes,
     the dark worker replaced (one failure) and fenced once the partition lifts."""
     t = two
-    t.settle()
-    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
-    t.settle(replicas=2)
-    dark = t.put_worker_2_on_node_2()
-    uid = t.k.json("get", "pod", dark, "-n", t.ns)["metadata"]["uid"]
+    dark, uid = worker_2_on_node_2(t)
     move_store_to(t, t.second.name)
     t.store_on(NODE_1)  # where the operator creates it next
     t.settle()
@@ -632,12 +608,31 @@ def test_6_a_worker_dark_with_its_store_is_planned_out_in_the_store_that_replace
     finally:
         t.second.heal()
         t.release(t.second.name)
-    healed = time.time()
-    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
-    wait_for("10 steps after the heal", lambda: len(
-        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= 10, timeout=120)
+    lifted_and_fenced(t, uid, dark, fail, before, survivors, steps=10)
     told = event_messages(t, "StoreLost")
     assert any("no trainer has heard the rendezvous store pod" in m for m in told), told
+    world_2_s = float(fail["time"]) - at
+    record_recovery("34-worker-and-store-partitioned", world_2_s, mode=INPROCESS, pod=dark,
+                    store_back_s=round(float(restored["time"]) - at, 1),
+                    whole_s=round(float(joined["time"]) - at, 1), node_2_ready_then=ready_then)
+    print(f"{dark} and the store partitioned: the world in a new store after "
+          f"{float(restored['time']) - at:.1f} s, world 2 after {world_2_s:.1f} s (node 2 "
+          f"{'still Ready' if ready_then else 'NotReady'} then), {replacement} in the world "
+          f"after {float(joined['time']) - at:.1f} s")
+
+
+def lifted_and_fenced(t: TwoNodeJob, uid: str, dark: str, fail: dict[str, Any],
+                      before: tuple[int, int], survivors: dict[str, Incarnation], *,
+                      steps: int) -> float:
+    """After the partition of `dark`'s node lifted (the world planned it out in `fail`): its
+    processes end (its sockets reset, it finds itself planned out; its pod was deleted, so its
+    kubelet, back, stops it), `steps` more steps, and it never trained beside the world; one
+    failure counted, no survivor restarted; the bucket holds no commit of its generation after
+    the world moved on, none fenced, `latest` the world's newest. Returns when it lifted."""
+    healed = time.time()
+    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    wait_for(f"{steps} steps after the heal", lambda: len(
+        [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= steps, timeout=120)
     assert not [r for r in t.logs.events("step") if r["pod"] == dark
                 and float(r["time"]) > float(fail["time"])]
     assert t.counters() == (before[0], before[1] + 1)
@@ -647,11 +642,14 @@ def test_6_a_worker_dark_with_its_store_is_planned_out_in_the_store_that_replace
     assert not [c for c in made if c["fenced"]], made
     assert not [c for c in made if c["gen"] < int(fail["gen"]) and c["at"] > float(fail["time"])]
     assert latest == newest["dir"], (latest, newest)
-    world_2_s = float(fail["time"]) - at
-    record_recovery("34-worker-and-store-partitioned", world_2_s, mode=INPROCESS, pod=dark,
-                    store_back_s=round(float(restored["time"]) - at, 1),
-                    whole_s=round(float(joined["time"]) - at, 1), node_2_ready_then=ready_then)
-    print(f"{dark} and the store partitioned: the world in a new store after "
-          f"{float(restored['time']) - at:.1f} s, world 2 after {world_2_s:.1f} s (node 2 "
-          f"{'still Ready' if ready_then else 'NotReady'} then), {replacement} in the world "
-          f"after {float(joined['time']) - at:.1f} s")
+    return healed
+
+
+def worker_2_on_node_2(t: TwoNodeJob) -> tuple[str, str]:
+    """From the settled job: worker 2 moved to node 2 (a scale to 2, then to 3 with node 1
+    held); its pod's name and uid."""
+    t.settle()
+    t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
+    t.settle(replicas=2)
+    pod = t.put_worker_2_on_node_2()
+    return pod, str(t.k.json("get", "pod", pod, "-n", t.ns)["metadata"]["uid"])

@@ -135,13 +135,7 @@ def test_a_store_pod_on_a_lost_node_is_force_deleted_and_created_again_at_once()
     stay Running for its node-loss toleration, then Terminating until the node answers. The
     operator force-deletes it as soon as its Node watch says the node is lost and creates it
     again in the next round; nothing is counted, the workers keep running."""
-    w = World.new(recovery={"mode": "InProcess"})
-    w.reconcile(at(0))
-    w.pods["demo-rdzv"]["spec"]["nodeName"] = "node-a"
-    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True"}]}
-    for name in w.workers():
-        w.set_pod(name, "Running")
+    w = store_running_on("node-a", mode="InProcess")
     assert not w.reconcile(at(1)).force_delete_pods
     lost = {"node-a": "Ready=Unknown (NodeStatusUnknown)"}
     p = w.reconcile(at(2), lost_nodes=lost)
@@ -164,14 +158,21 @@ def unheard(seconds: float | None, step: int = 5) -> Any:
     return report
 
 
-def ready_store_world() -> World:
-    w = World.new(recovery={"mode": "InProcess", "heartbeatTimeoutSeconds": 5})
+def store_running_on(node: str, **recovery: Any) -> World:
+    """The job's pods made at 0 s, its store Ready on `node` and its workers running, not yet
+    observed so."""
+    w = World.new(recovery=recovery)
     w.reconcile(at(0))
-    w.pods["demo-rdzv"]["spec"]["nodeName"] = "node-b"
+    w.pods["demo-rdzv"]["spec"]["nodeName"] = node
     w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
         {"type": "Ready", "status": "True"}]}
     for name in w.workers():
         w.set_pod(name, "Running")
+    return w
+
+
+def ready_store_world() -> World:
+    w = store_running_on("node-b", mode="InProcess", heartbeatTimeoutSeconds=5)
     w.reconcile(at(1))  # the store seen Ready at 1 s
     return w
 
@@ -215,11 +216,6 @@ def test_a_store_no_trainer_hears_is_replaced_before_its_node_is_lost_and_kept_o
 def test_a_restart_mode_jobs_store_is_never_replaced_on_reports() -> None:
     """Torchrun agents report no store silence; a report that did would change nothing for
     them (their rendezvous store's loss restarts the group anyway)."""
-    w = World.new(recovery={"mode": "Restart"})
-    w.reconcile(at(0))
-    w.pods["demo-rdzv"]["status"] = {"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True"}]}
-    for name in w.workers():
-        w.set_pod(name, "Running")
+    w = store_running_on("node-b", mode="Restart")
     w.reconcile(at(1))
     assert not w.reconcile(at(60), progress=(unheard(50.0), unheard(50.0))).force_delete_pods
