@@ -33,7 +33,10 @@ With ELASTRAIN_RECOVERY=inProcess (docs/recovery.md) the same loop survives a pe
 notice: DDP's gradient all-reduce notes the loss instead of raising, the optimizer applies
 nothing, and `steps()` regroups and yields the same step again. A collective of the script's own
 inside the loop must be `api.all_reduce` for that (a plain `dist.all_reduce` raises out of the
-loop and the process ends as in restart mode).
+loop and the process ends as in restart mode). A sharded model's (FSDP2, HSDP) collectives run
+inside forward and backward, where no hook can catch them: the body catches their RuntimeError,
+hands it to `api.note_peer_loss` (True: noted, apply nothing more this step; False: re-raise),
+as the built-in trainer does.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from elastrain_trainer.session.process import (
     checkpoint_fence,
     destroy_process_groups,
     init_distributed,
+    note_peer_loss,
     process,
     run,
     training_ended,
@@ -88,7 +92,7 @@ from elastrain_trainer.session.world import DATA_KEY, WorldChanges
 from elastrain_trainer.signals import StopAgreement
 
 __all__ = ["DistEnv", "ElasticSampler", "FinalCheckpointError", "Session", "StaleBatchError",
-           "StaleGroupError", "World", "all_reduce", "init_distributed", "run"]
+           "StaleGroupError", "World", "all_reduce", "init_distributed", "note_peer_loss", "run"]
 
 
 class FinalCheckpointError(RuntimeError):

@@ -41,6 +41,11 @@ line (blank lines and `#` comments allowed):
                                       checkpoint catalog (the first save after a new
                                       generation), so its peers wait in that broadcast with a
                                       node gone dark; CRASH_ONCE applies
+    ELASTRAIN_FAULT_KILL_IN_BODY_AT_STEP=N
+                                      SIGKILL this process at the start of a step's body once N
+                                      steps have trained, so its peers meet the loss inside
+                                      theirs (a sharded model's collectives in forward and
+                                      backward), not at a step boundary
     ELASTRAIN_FAULT_HANG_AT_STEP=N    block forever once step N has trained, as a deadlocked
                                       data loader or a stuck collective would; only in a worker
                                       group that started from scratch (a resumed one trains on)
@@ -81,13 +86,14 @@ GIVE_UP_AT_STEP = "ELASTRAIN_FAULT_GIVE_UP_AT_STEP"
 FREEZE_AFTER_JOIN_REQUEST = "ELASTRAIN_FAULT_FREEZE_AFTER_JOIN_REQUEST"
 FREEZE_AFTER_ARRIVE = "ELASTRAIN_FAULT_FREEZE_AFTER_ARRIVE"
 KILL_DURING_HEAL = "ELASTRAIN_FAULT_KILL_DURING_HEAL"
+KILL_IN_BODY_AT_STEP = "ELASTRAIN_FAULT_KILL_IN_BODY_AT_STEP"
 FREEZE_BEFORE_COMMIT = "ELASTRAIN_FAULT_FREEZE_BEFORE_COMMIT"
 FREEZE_DURING_SAVE = "ELASTRAIN_FAULT_FREEZE_DURING_SAVE"
 FREEZE_DURING_HEAL = "ELASTRAIN_FAULT_FREEZE_DURING_HEAL"
 FREEZE_BEFORE_CATALOG = "ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG"
 NUMBERS = (CRASH_AT_STEP, CRASH_RANK, HANG_AT_STEP, GIVE_UP_AT_STEP, FREEZE_AFTER_JOIN_REQUEST,
-           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, FREEZE_BEFORE_COMMIT, FREEZE_DURING_SAVE,
-           FREEZE_DURING_HEAL, FREEZE_BEFORE_CATALOG)
+           FREEZE_AFTER_ARRIVE, KILL_DURING_HEAL, KILL_IN_BODY_AT_STEP, FREEZE_BEFORE_COMMIT,
+           FREEZE_DURING_SAVE, FREEZE_DURING_HEAL, FREEZE_BEFORE_CATALOG)
 EXIT_RESTART = 75  # signals.EXIT_RESTART (not imported: this module stays free of torch)
 KNOBS = (*NUMBERS, CRASH_ONCE)
 
@@ -161,6 +167,16 @@ def after_step(step: int, rank: int, *, fresh: bool,
         print(f"elastrain: injected hang at step {step} on rank {rank} "
               f"({HANG_AT_STEP})", flush=True)
         threading.Event().wait()
+
+
+def in_body(step: int, env: Mapping[str, str] = os.environ) -> None:
+    """At the start of a step's body, `step` steps trained."""
+    knobs = read_knobs(env)
+    kill_at = int(knobs.get(KILL_IN_BODY_AT_STEP) or 0) if knobs else 0
+    if kill_at and step == kill_at:
+        print(f"elastrain: injected kill in the body after step {step} "
+              f"({KILL_IN_BODY_AT_STEP})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def after_join_request(env: Mapping[str, str] = os.environ) -> None:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from elastrain_trainer import metrics
-from elastrain_trainer.api import Session, all_reduce, init_distributed
+from elastrain_trainer import fault_injection, metrics
+from elastrain_trainer.api import Session, all_reduce, init_distributed, note_peer_loss
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.data import (
     Dataset,
@@ -133,7 +133,36 @@ def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Data
                accum: int) -> StepResult:
     """One optimizer step over the global batch that starts at progress.samples_seen."""
     torch.manual_seed(step_seed(cfg.seed, t.progress.step, denv.rank))
+    fault_injection.in_body(t.progress.step)
     t.optimizer.zero_grad(set_to_none=True)
+    lr = float(t.optimizer.param_groups[0]["lr"])
+    try:
+        loss_sum, grad_norm = _gradients(t, cfg, denv, dataset, accum)
+    except RuntimeError as e:
+        # FSDP2 and HSDP: a peer lost in a collective of forward or backward (DDP's comm hook
+        # notes its own). In process it is noted and this step applies nothing; the Session
+        # regroups at its yield and redoes the step.
+        if not note_peer_loss(e):
+            raise
+        return StepResult(math.nan, math.nan, lr, None)
+    all_reduce(loss_sum)  # in-process mode: a lost peer is noted, the step redone
+    loss_value = float(loss_sum) / denv.world_size
+    skipped = t.guard.should_skip(loss_value, grad_norm)
+    if skipped is None:
+        t.scaler.step(t.optimizer)
+    t.scaler.update()
+    t.scheduler.step()
+    t.guard.observe(loss_value, grad_norm, skipped is not None)
+    p = t.progress  # p.step is advanced by the session, after this body
+    p.samples_seen += cfg.global_batch_size
+    p.tokens_seen += cfg.global_batch_size * cfg.seq_len
+    p.last_loss = loss_value
+    return StepResult(loss_value, grad_norm, lr, skipped)
+
+
+def _gradients(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Dataset,
+               accum: int) -> tuple[torch.Tensor, float]:
+    """This rank's loss sum over its micro-batches, and the clipped gradients' norm."""
     loss_sum = torch.zeros((), device=denv.device)
     for k in range(accum):
         idx = micro_batch_indices(t.progress.samples_seen, cfg.micro_batch_size,
@@ -146,21 +175,7 @@ def train_step(t: TrainObjects, cfg: TrainerConfig, denv: DistEnv, dataset: Data
         loss_sum += loss.detach()
     t.scaler.unscale_(t.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), cfg.max_grad_norm or math.inf)
-    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    all_reduce(loss_sum)  # in-process mode: a lost peer is noted, the step redone
-    loss_value = float(loss_sum) / denv.world_size
-    skipped = t.guard.should_skip(loss_value, grad_norm)
-    lr = float(t.optimizer.param_groups[0]["lr"])
-    if skipped is None:
-        t.scaler.step(t.optimizer)
-    t.scaler.update()
-    t.scheduler.step()
-    t.guard.observe(loss_value, grad_norm, skipped is not None)
-    p = t.progress  # p.step is advanced by the session, after this body
-    p.samples_seen += cfg.global_batch_size
-    p.tokens_seen += cfg.global_batch_size * cfg.seq_len
-    p.last_loss = loss_value
-    return StepResult(loss_value, grad_norm, lr, skipped)
+    return loss_sum, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def should_validate(step: int, cfg: TrainerConfig) -> bool:

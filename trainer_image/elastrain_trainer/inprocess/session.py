@@ -19,6 +19,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from elastrain_trainer import faults, metrics
@@ -251,6 +252,12 @@ class InProcessRuntime:
         it). Call it outside the `except` block that caught the failure."""
         if isinstance(model, DDP):
             PeerLoss.detach(model)
+        elif fsdp.is_fsdp(model):
+            # A loss met inside forward or backward (noted by the body) can leave modules
+            # unsharded: what the regroup keeps and hands on is each module's own shards.
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
         plan = self.needing_store(lambda: self.member.recover(step, error, model=model))
         if plan is not None:
             self._export()

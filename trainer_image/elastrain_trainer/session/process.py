@@ -12,6 +12,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from elastrain_trainer import faults
 from elastrain_trainer.checkpoint.manager import Fence
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.faults import guard_main
@@ -82,6 +83,18 @@ def all_reduce(tensor: torch.Tensor,
         dist.all_reduce(tensor, op=op, group=group)
     else:
         process.inprocess.peer_loss.all_reduce(tensor, op, group)
+
+
+def note_peer_loss(error: BaseException) -> bool:
+    """For a step's body whose collectives no hook catches (FSDP2 and HSDP: they run inside
+    forward and backward): in in-process mode a lost peer's error caught there is noted, as
+    DDP's comm hook notes one, and the body should apply nothing more and return; the Session
+    regroups at its next yield and redoes the step. False in restart mode, or for an error that
+    is not a lost peer: re-raise it then."""
+    if process.inprocess is None or not faults.peer_lost(error):
+        return False
+    process.inprocess.peer_loss.note(error)
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
