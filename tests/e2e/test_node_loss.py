@@ -651,5 +651,11 @@ def worker_2_on_node_2(t: TwoNodeJob) -> tuple[str, str]:
     t.settle()
     t.k("scale", "trainingjob", t.job, "-n", t.ns, "--replicas=2")
     t.settle(replicas=2)
-    pod = t.put_worker_2_on_node_2()
+    first = t.put_worker_2_on_node_2()
+    # The pod in the world now (the full run at 9970d42, under load, saw the first pod bound
+    # to node 2 replaced by another, there too, before it started; not explained).
+    pod = t.bound(2, t.second.name)
+    assert pod is not None, f"worker 2 ({first} at first) is not on {t.second.name}"
+    if pod != first:
+        print(f"worker 2's pod {first} was replaced by {pod} before it trained")
     return pod, str(t.k.json("get", "pod", pod, "-n", t.ns)["metadata"]["uid"])
