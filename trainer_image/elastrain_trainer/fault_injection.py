@@ -171,8 +171,7 @@ def after_step(step: int, rank: int, *, fresh: bool,
 
 def in_body(step: int, env: Mapping[str, str] = os.environ) -> None:
     """At the start of a step's body, `step` steps trained."""
-    knobs = read_knobs(env)
-    kill_at = int(knobs.get(KILL_IN_BODY_AT_STEP) or 0) if knobs else 0
+    kill_at = int(read_knobs(env).get(KILL_IN_BODY_AT_STEP) or 0)
     if kill_at and step == kill_at:
         print(f"elastrain: injected kill in the body after step {step} "
               f"({KILL_IN_BODY_AT_STEP})", flush=True)

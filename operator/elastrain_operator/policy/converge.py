@@ -100,8 +100,8 @@ def converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         r.create.append(render_network_policy(job, network))
     store = observed.store
     if pods and store is None:
-        r.create.append(render_store_pod(job, avoid=r.acct.store.unheard_on or ""
-                                         if r.acct.store is not None else ""))
+        unheard_on = r.acct.store.unheard_on if r.acct.store is not None else None
+        r.create.append(render_store_pod(job, avoid=unheard_on or ""))
         created = True
     elif store is not None and store.node in observed.lost_nodes:
         _replace_lost_store(r, store, name, observed.lost_nodes[store.node])

@@ -218,8 +218,8 @@ def unheard_for(reports: Sequence[ProgressReport] | None, store: StorePod | None
             or state.uid != store.uid or state.ready_at is None):
         return None
     heard = [r.store_unanswered_s for r in reports]
-    if any(h is None for h in heard):
+    silent = [h for h in heard if h is not None]
+    if len(silent) < len(heard):  # a trainer that does not say (an older image)
         return None
-    silent = min(h for h in heard if h is not None)
-    unheard = min(silent, (now - state.ready_at).total_seconds())
+    unheard = min(*silent, (now - state.ready_at).total_seconds())
     return unheard if unheard >= UNHEARD_TIMEOUTS * heartbeat_timeout_s else None

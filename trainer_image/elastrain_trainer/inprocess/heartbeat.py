@@ -165,7 +165,7 @@ class Heartbeat:
     def unanswered_s(self) -> float | None:
         """Seconds since this thread last heard the store (None before it started): what the
         node's /progress tells the operator, which replaces a store that every trainer it asks
-        has not heard for the heartbeat timeout (its node dark, its process frozen) without
+        has not heard for two heartbeat timeouts (its node dark, its process frozen) without
         waiting for the node to be marked lost (operator policy.store)."""
         if not self.started:
             return None
