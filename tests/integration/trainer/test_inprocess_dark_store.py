@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from elastrain_trainer.checkpoint.local import LocalStorage
+from elastrain_trainer.checkpoint.manager import scan
 from elastrain_trainer.ports import free_port
 from tests.warmstart import started_pid
 
@@ -229,3 +231,11 @@ def test_a_member_dark_with_its_store_is_planned_out_in_the_store_that_replaced_
     numbers = [r["step"] for r in recs if r["event"] == "step"]
     assert sorted(set(numbers)) == list(range(1, 81)), numbers
     assert len(numbers) - len(set(numbers)) <= 1, numbers  # <= 1 step trained twice
+    # The commits before and after the store was replaced are of one lineage (the store that
+    # founded the job's first generation), so the bucket compares their generations: a stale
+    # commit of the frozen node's generation would be fenced there and refused by its writer.
+    catalog = scan(LocalStorage(tmp_path / "ckpt"))
+    lineages = {c.store_epoch for c in catalog.commits}
+    assert len(lineages) == 1 and next(iter(lineages)).startswith("found:"), catalog.commits
+    assert max(c.gen for c in catalog.commits) >= fail["gen"], catalog.commits
+    assert not catalog.damaged, catalog.damaged

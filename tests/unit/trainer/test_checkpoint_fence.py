@@ -69,3 +69,54 @@ def test_without_a_fence_a_commit_records_no_generation(tmp_path: Path) -> None:
     CheckpointManager(storage, async_save=False).save(SaveRequest(2, state(2)))
     data = json.loads(storage.read("step-00000002/" + mf.COMMIT_MARKER))
     assert "gen" not in data and mf.parse_commit_marker(json.dumps(data).encode()).gen == 0
+
+
+class Answers:
+    """A fence whose store always vouches for this writer (the old store, still running on the
+    writer's dark side after the world replaced it: e2e scenario 6)."""
+
+    def __init__(self, lineage: str, gen: int) -> None:
+        self.lineage, self.gen = lineage, gen
+
+    def __call__(self) -> tuple[str, int]:
+        return self.lineage, self.gen
+
+
+def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_committed_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dark node's store answers for its generation 21; the world went on in another store
+    of the same lineage and committed generation 22. The bucket refuses the dark node's commit:
+    no marker, `latest` the world's, its retention deletes nothing."""
+    storage = LocalStorage(tmp_path / "ckpt")
+    dark = CheckpointManager(storage, keep=1, async_save=False, run="r",
+                             fence=Answers("found:a:1", 21))
+    dark.save(SaveRequest(360, state(360)))
+    world = CheckpointManager(storage, keep=2, async_save=False, run="r",
+                              fence=Answers("found:a:1", 22))
+    world.save(SaveRequest(370, state(370)))
+    assert world.failed_saves == 0
+    dark.save(SaveRequest(370, state(370)))  # its stop save, committed after the heal
+    assert dark.failed_saves == 1, dark.last_error
+    assert "generation 22 of this lineage committed step-00000370" in str(dark.last_error)
+    catalog = scan(storage)
+    assert [c.dir for c in catalog.commits] == ["step-00000360", "step-00000370"]
+    assert catalog.uncommitted == ("step-00000370.2",) and not catalog.damaged
+    assert storage.read(mf.LATEST) == b"step-00000370"
+    fenced = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+              if line.startswith('{"event": "checkpoint_fenced"')]
+    assert [e["step"] for e in fenced] == [370], fenced
+
+
+def test_a_newer_generation_of_another_lineage_or_run_refuses_nothing(tmp_path: Path) -> None:
+    """A world founded anew (a new lineage: generations start over) or another run's commits
+    say nothing about this writer's generation."""
+    storage = LocalStorage(tmp_path / "ckpt")
+    CheckpointManager(storage, async_save=False, run="r",
+                      fence=Answers("found:a:1", 22)).save(SaveRequest(370, state(370)))
+    CheckpointManager(storage, async_save=False, run="other",
+                      fence=Answers("found:b:2", 40)).save(SaveRequest(380, state(380)))
+    writer = CheckpointManager(storage, async_save=False, run="r",
+                               fence=Answers("found:b:2", 3))
+    writer.save(SaveRequest(390, state(390)))
+    assert writer.failed_saves == 0, writer.last_error
+    assert storage.read(mf.LATEST) == b"step-00000390"

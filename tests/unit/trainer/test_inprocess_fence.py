@@ -4,6 +4,7 @@ goes ahead (training goes on without the store, and so do its checkpoints)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -57,3 +58,15 @@ def test_a_fence_whose_heartbeat_lost_the_store_does_not_wait_on_it() -> None:
 
     fence = StoreFence(unreachable, lambda: (None, plan(4), None), lambda: True)
     assert fence() == ("", 4)
+
+
+def test_a_commit_records_its_plans_lineage_not_the_store_it_was_made_in() -> None:
+    """Generations of one lineage compare across stores replaced and restored; a plan from
+    before lineages records the store's incarnation, as before."""
+    founded = Epoch(False, "a", "n0")
+    kept = Epoch(True, "b", "n2")
+    mine = dataclasses.replace(plan(22), lineage=founded.text())
+    assert StoreFence(lambda _: None, lambda: (kept, mine, None),  # type: ignore[arg-type,return-value]
+                      lambda: True)() == (founded.text(), 22)
+    assert StoreFence(lambda _: None, lambda: (kept, plan(22), None),  # type: ignore[arg-type,return-value]
+                      lambda: True)() == (kept.text(), 22)

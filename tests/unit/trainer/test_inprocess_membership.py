@@ -172,6 +172,24 @@ def test_plans_round_trip_through_the_store_as_json() -> None:
     assert '"ranks": {"b": 0, "c": 1}' in plan.to_json()
 
 
+def test_every_plan_after_the_first_carries_its_lineage_on() -> None:
+    """The lineage the first plan was founded with goes through joins, failures and stops (a
+    store restored copies the plan whole), so commits of one line of generations compare
+    across stores; a plan written before lineages reads as ""."""
+    first = plan_generation(None, Requests(step=0, joining=("a", "b", "c")), CFG,
+                            lineage="found:a:n0")
+    assert first.lineage == "found:a:n0"
+    failed = plan_generation(first, Requests(step=5, dead=frozenset("c"),
+                                             steps={"a": 5, "b": 5}), CFG, lineage="ignored")
+    joined = plan_generation(failed, Requests(step=9, joining=("d",)), CFG)
+    stop = plan_stop(joined, Requests(step=12, leaving=frozenset("abd")))
+    assert [p.lineage for p in (failed, joined, stop)] == ["found:a:n0"] * 3
+    assert Plan.from_json(stop.to_json()) == stop
+    raw = json.loads(joined.to_json())
+    del raw["lineage"]
+    assert Plan.from_json(json.dumps(raw)).lineage == ""
+
+
 def test_liveness_judges_by_counter_change_on_the_watchers_clock() -> None:
     live = Liveness(timeout_s=5.0)
     live.observe({"a": 1, "b": 7}, now=100.0)

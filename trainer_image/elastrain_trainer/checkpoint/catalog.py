@@ -8,13 +8,16 @@ COMMITTED marker carries a sequence number one above every commit the writer kne
 markers written before sequence numbers existed count as 0 and order by step.
 
 Fencing (in-process mode, docs/recovery.md section 8, "Fencing"). A bucket cannot check who
-writes, so each commit records the store incarnation and the generation whose world made it.
-Within one run and one incarnation, generations only grow and a newer generation's coordinator
-numbers its commits above every commit it could read, so a commit of an older generation whose
-sequence number is not above a newer generation's commit was made by a node planned out of the
-world (frozen or cut off while the others went on) after the others had moved on: it is fenced,
-never loaded, never `latest`, and kept like a damaged one. (The writer's own check against the
-store, manager.py's `fence`, stops nearly all of them before they are written.)
+writes, so each commit records the lineage (the store incarnation that founded its line of
+generations, carried on through stores replaced and restored: `store_epoch`) and the
+generation whose world made it. Within one run and one lineage, generations only grow and a
+newer generation's coordinator numbers its commits above every commit it could read, so a
+commit of an older generation whose sequence number is not above a newer generation's commit
+was made by a node planned out of the world (frozen or cut off while the others went on) after
+the others had moved on: it is fenced, never loaded, never `latest`, and kept like a damaged
+one. Its writer refuses most of them first: the store's answer (manager.py's `fence`), then
+the bucket's own newer commits (`outrun_by`), which also hold when the store that answered was
+an old one still running beside the cut-off writer.
 
 A save never writes into a directory that already holds objects (`choose_dir`): the first save
 of step 12 gets `step-00000012`, a later one `step-00000012.2`, so nothing committed is ever
@@ -133,6 +136,17 @@ def fenced_commits(commits: Iterable[Commit]) -> dict[str, str]:
                                  f"{first.gen} had committed {first.dir} (a node planned out of "
                                  "the world wrote it)")
     return fenced
+
+
+def outrun_by(catalog: Catalog, run: str, lineage: str, gen: int) -> Commit | None:
+    """The first commit of `run` and `lineage` that a generation newer than `gen` made (None:
+    none, or `gen` 0, which fences nothing). A save never spans two generations, so once one
+    exists a commit of `gen` can only be a planned-out node's: its writer refuses it rather
+    than leave it for `fenced_commits` (and it writes no `latest` and deletes nothing)."""
+    if gen <= 0:
+        return None
+    return next((c for c in catalog.commits
+                 if c.run == run and c.store_epoch == lineage and c.gen > gen), None)
 
 
 def resume_candidates(catalog: Catalog, run: str | None = None) -> list[Commit]:

@@ -64,6 +64,11 @@ class SaveRequest:
 Fence = Callable[[], tuple[str, int]]
 
 
+class CommitFencedError(RuntimeError):
+    """A newer generation of this writer's lineage has committed: the world moved on without
+    this node, and what it saved must not be committed."""
+
+
 @dataclass(frozen=True)
 class Committed:
     step: int
@@ -256,6 +261,7 @@ class CheckpointManager:
         # through: the catalog fences such a commit on read.
         try:
             store_epoch, gen = self.fence() if self.fence is not None else ("", 0)
+            self._check_bucket_fence(store_epoch, gen)
         except Exception as e:
             self._fenced[key] = e
             raise
@@ -276,6 +282,23 @@ class CheckpointManager:
         except Exception as e:  # committed all the same; the next commit deletes what is left
             emit("checkpoint_retention_failed", step=req.step, error=_short(e))
 
+    def _check_bucket_fence(self, lineage: str, gen: int) -> None:
+        """The store's answer can come from the wrong store: one replaced while this node was
+        cut off with it still answers for the generation it knew (e2e scenario 6). The bucket
+        is the one place both sides write, so a newer generation's commit there refuses this
+        one. A root that cannot be listed lets it through (the store's rule for a lost store:
+        a world must keep committing); the catalog fences it on read if it was stale."""
+        if gen <= 0:
+            return
+        try:
+            newer = cat.outrun_by(scan(self.storage), self.run, lineage, gen)
+        except Exception as e:  # a flaky store; the read-side rule still holds
+            emit("checkpoint_fence_unchecked", error=_short(e))
+            return
+        if newer is not None:
+            raise CommitFencedError(f"planned out: generation {newer.gen} of this lineage "
+                                    f"committed {newer.dir}; this node's is {gen}")
+
     def apply_retention(self) -> list[str]:
         """Delete what the retention plan allows; returns the deleted directories."""
         if self.catalog is None:
@@ -287,9 +310,15 @@ class CheckpointManager:
         return doomed
 
     def _know_catalog(self) -> rf.Failed | None:
-        """Read the root's catalog once (a save must know which directories are taken); one
-        attempt: a save that cannot list fails like any save and the next one tries again."""
-        if self.catalog is not None:
+        """Read the root's catalog (a save must know which directories are taken); one
+        attempt: a save that cannot list fails like any save and the next one tries again.
+
+        Without a fence, once: this manager is the root's only writer. With one (a job whose
+        world can move on without this node), before every save: a node that was cut off
+        knows only the directories of its own past, and would write its shards into one the
+        world committed meanwhile (seen in a unit test: DCP overwrote it). A listing that fails
+        then keeps the known catalog: the save goes on as before the refresh."""
+        if self.catalog is not None and self.fence is None:
             return None
         fault_injection.before_catalog(dist.get_rank() if dist.is_initialized() else 0)
         outcome = self._broadcast(lambda: rf.attempt(lambda: scan(self.storage), self.storage,
@@ -298,9 +327,14 @@ class CheckpointManager:
             self._adopt(outcome.value)
             return None
         assert isinstance(outcome, rf.Failed)  # a listing proves no damage
-        return outcome
+        return outcome if self.catalog is None else None
 
     def _adopt(self, catalog: cat.Catalog) -> None:
+        # What this manager proved damaged stays so when a listing cannot tell (its
+        # QUARANTINED marker may not have been written).
+        for d, why in (self.catalog.damaged.items() if self.catalog is not None else ()):
+            if d in catalog.objects and d not in catalog.damaged:
+                catalog = cat.with_damaged(catalog, d, why)
         self.catalog = catalog
         self._taken |= catalog.taken()
         self._next_seq = max(self._next_seq, catalog.next_seq())

@@ -299,7 +299,12 @@ class Admission(StoreFollowing):
             except NoQuorumError:  # too few nodes yet for the smallest world: wait for more
                 time.sleep(0.1)
         gen = dead.gen + 1 if dead is not None else 1
-        self.store.publish(dataclasses.replace(plan, gen=gen, pending=pending, join_seq=seq))
+        # A start after a dead plan goes on with that plan's lineage (its store was kept, or it
+        # would hold no plan); the job's first founds one with this store's incarnation.
+        lineage = (dead.lineage if dead is not None and dead.lineage
+                   else self.epoch.text() if self.epoch is not None else "")
+        self.store.publish(dataclasses.replace(plan, gen=gen, pending=pending, join_seq=seq,
+                                               lineage=lineage))
 
     def _beating(self, nodes: list[str]) -> list[str]:
         """The `nodes` whose heartbeat counter moves (a join request outlives its node)."""

@@ -63,11 +63,13 @@ class StoreFence:
         return store.generation()
 
     def __call__(self) -> tuple[str, int]:
-        """(store epoch, generation) for the commit's marker; FencedError refuses the commit."""
+        """(lineage, generation) for the commit's marker; FencedError refuses the commit."""
         epoch, plan, stop_gen = self._current()
         if plan is None:
             raise FencedError("this node is in no generation")
-        mine = epoch.text() if epoch is not None else "", plan.gen
+        # The lineage, not the store it was made in: generations compare across stores that
+        # were replaced and restored (a node dark with its old store commits into another's).
+        mine = plan.lineage or (epoch.text() if epoch is not None else ""), plan.gen
         if self._store_lost():
             return mine
         with self._lock:

@@ -181,6 +181,11 @@ class Plan:
     # without notice in this or an earlier generation and not back since, oldest first: what
     # members tell the operator, which replaces such a pod (docs/recovery.md section 10).
     lost: tuple[str, ...] = ()
+    # The store incarnation that founded this line of generations (its Epoch.text()): every
+    # plan after it carries it on, through stores kept and restored (section 7), so the
+    # generations of one lineage compare across those stores, and commits record it for the
+    # bucket's fence (checkpoint/catalog.py). "": a plan from before lineages.
+    lineage: str = ""
 
     def rank_of(self, node_id: str) -> int | None:
         return self.nodes.index(node_id) if node_id in self.nodes else None
@@ -219,7 +224,8 @@ def choose_world_size(available: int, cfg: PlanConfig) -> int:
                         f"micro-batches of {cfg.micro_batch}")
 
 
-def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Plan:
+def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig,
+                    lineage: str = "") -> Plan:
     """The next generation: survivors in their old rank order, then spares and joiners in
     request order; the world is the largest that keeps the global batch; every node that is
     behind the newest committed step (a joiner, or a survivor whose step did not commit) heals
@@ -228,7 +234,9 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
     Units: a unit with any node leaving or dead is gone whole (its other ranks end with it);
     a unit not all of whose local ranks have asked yet waits among the spares until they have;
     a behind node heals from the node at its local rank in its source unit (the same position:
-    the same shards where a pod's ranks shard the model)."""
+    the same shards where a pod's ranks shard the model).
+
+    `lineage`: a first plan's (Plan.lineage); any later one carries `current`'s on."""
     old = current.nodes + current.spares if current is not None else ()
     gone = {unit_of(n) for n in req.leaving | req.dead}
     survivors = [n for n in old if unit_of(n) not in gone]
@@ -259,7 +267,8 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Pla
                 world_size=len(nodes), nodes=nodes, heal=heal,
                 reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
                 accum=cfg.global_batch // (cfg.micro_batch * len(nodes)), spares=spares,
-                lost=planned_out(current, req, nodes + spares))
+                lost=planned_out(current, req, nodes + spares),
+                lineage=current.lineage if current is not None else lineage)
 
 
 # A pod's name is a DNS label, so it never holds this.
@@ -327,7 +336,7 @@ def plan_stop(current: Plan, req: Requests) -> Plan:
         saving = current.nodes
     return Plan(gen=current.gen + 1, step=req.step, world_size=0, nodes=(), heal={},
                 reason="stop", global_batch=current.global_batch, accum=0, saving=saving,
-                lost=planned_out(current, req, ()))
+                lost=planned_out(current, req, ()), lineage=current.lineage)
 
 
 def _reason(current: Plan | None, req: Requests, joiners: Sequence[str]) -> str:
