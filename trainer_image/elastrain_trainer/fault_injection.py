@@ -36,11 +36,11 @@ line (blank lines and `#` comments allowed):
                                       (SIGSTOP) once it wrote its shards, before it hands their
                                       results to the coordinator, so its peers are inside the
                                       save's collective with a node gone dark; CRASH_ONCE applies
-    ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG=1
-                                      rank 0 stops itself (SIGSTOP) before it broadcasts the
-                                      checkpoint catalog (the first save after a new
-                                      generation), so its peers wait in that broadcast with a
-                                      node gone dark; CRASH_ONCE applies
+    ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG=N
+                                      rank 0 of a world of at least N ranks stops itself
+                                      (SIGSTOP) before it broadcasts the checkpoint catalog (a
+                                      save's first step), so its peers wait in that broadcast
+                                      with a node gone dark; CRASH_ONCE applies
     ELASTRAIN_FAULT_KILL_IN_BODY_AT_STEP=N
                                       SIGKILL this process at the start of a step's body once N
                                       steps have trained, so its peers meet the loss inside
@@ -192,10 +192,10 @@ def before_commit(env: Mapping[str, str] = os.environ) -> None:
         _freeze_if(FREEZE_BEFORE_COMMIT, "before the commit", env)
 
 
-def before_catalog(rank: int, env: Mapping[str, str] = os.environ) -> None:
+def before_catalog(rank: int, world: int, env: Mapping[str, str] = os.environ) -> None:
     knobs = read_knobs(env)
-    if rank == 0 and int(knobs.get(FREEZE_BEFORE_CATALOG) or 0) \
-            and _first_time(knobs.get(CRASH_ONCE)):
+    at_least = int(knobs.get(FREEZE_BEFORE_CATALOG) or 0)
+    if rank == 0 and at_least and world >= at_least and _first_time(knobs.get(CRASH_ONCE)):
         _freeze_if(FREEZE_BEFORE_CATALOG, "before the catalog's broadcast", env)
 
 

@@ -320,7 +320,8 @@ class CheckpointManager:
         then keeps the known catalog: the save goes on as before the refresh."""
         if self.catalog is not None and self.fence is None:
             return None
-        fault_injection.before_catalog(dist.get_rank() if dist.is_initialized() else 0)
+        fault_injection.before_catalog(*((dist.get_rank(self.pg), dist.get_world_size(self.pg))
+                                         if dist.is_initialized() else (0, 1)))
         outcome = self._broadcast(lambda: rf.attempt(lambda: scan(self.storage), self.storage,
                                                      action="list", key="", storage_call=True))
         if isinstance(outcome, rf.Ok):
