@@ -291,13 +291,12 @@ def test_a_peer_dark_during_a_save_is_planned_out_within_the_heartbeats_bound(
 
 def test_rank_0_dark_in_the_catalogs_broadcast_after_a_join_costs_the_survivors_no_restart(
         pods: Pods, tmp_path: Path) -> None:
-    """Every save broadcasts the checkpoint catalog from rank 0 (a joiner never loaded one, and
-    a fenced writer lists the bucket before each save). a and b train at world 2, c joins
-    (world 3), and rank 0 freezes before the next such broadcast: the others wait in it with a
-    node gone dark. The heartbeat's sever ends it; the save fails like any and the survivors
-    regroup at world 2 in their processes. Before (df08389), the broadcast ran outside the
-    save's error handling and its error ended both survivors' processes (seen in a
-    fresh-clone `make test` and in e2e scenario 24)."""
+    """The first save after a new generation broadcasts the checkpoint catalog from rank 0 (a
+    joiner never loaded one). a and b train at world 2, c joins (world 3), and rank 0 freezes
+    before that broadcast: the others wait in it with a node gone dark. The heartbeat's sever
+    ends it; the save fails like any and the survivors regroup at world 2 in their processes.
+    Before (df08389), the broadcast ran outside the save's error handling and its error ended
+    both survivors' processes (seen in a fresh-clone `make test` and in e2e scenario 24)."""
     faults = tmp_path / "faults.env"
     faults.write_text("ELASTRAIN_FAULT_FREEZE_BEFORE_CATALOG=3\n"  # once c is in the world
                       f"ELASTRAIN_FAULT_CRASH_ONCE={tmp_path / 'fault.fired'}\n")

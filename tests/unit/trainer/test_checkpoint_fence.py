@@ -85,8 +85,10 @@ class Answers:
 def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_committed_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The dark node's store answers for its generation 21; the world went on in another store
-    of the same lineage and committed generation 22. The bucket refuses the dark node's commit:
-    no marker, `latest` the world's, its retention deletes nothing."""
+    of the same lineage and committed generation 22. The dark node's catalog knows only its own
+    past: its save of the step the world committed is not written into the world's directory,
+    and its save of another step is refused at the commit: no marker, `latest` the world's,
+    its retention deletes nothing, and the world's checkpoint loads."""
     storage = LocalStorage(tmp_path / "ckpt")
     dark = CheckpointManager(storage, keep=1, async_save=False, run="r",
                              fence=Answers("found:a:1", 21))
@@ -95,16 +97,21 @@ def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_comm
                               fence=Answers("found:a:1", 22))
     world.save(SaveRequest(370, state(370)))
     assert world.failed_saves == 0
-    dark.save(SaveRequest(370, state(370)))  # its stop save, committed after the heal
-    assert dark.failed_saves == 1, dark.last_error
+    dark.save(SaveRequest(370, state(-1)))  # its stop save, after the heal: the world's step
+    assert dark.failed_saves == 1 and "already holds" in str(dark.last_error), dark.last_error
+    dark.save(SaveRequest(371, state(-1)))
+    assert dark.failed_saves == 2, dark.last_error
     assert "generation 22 of this lineage committed step-00000370" in str(dark.last_error)
     catalog = scan(storage)
     assert [c.dir for c in catalog.commits] == ["step-00000360", "step-00000370"]
-    assert catalog.uncommitted == ("step-00000370.2",) and not catalog.damaged
+    assert catalog.uncommitted == ("step-00000371",) and not catalog.damaged
     assert storage.read(mf.LATEST) == b"step-00000370"
+    loaded = {"w": torch.zeros(4)}
+    result = CheckpointManager(storage, async_save=False).load(loaded)
+    assert result is not None and result.step == 370 and loaded["w"].tolist() == [370.0] * 4
     fenced = [json.loads(line) for line in capsys.readouterr().out.splitlines()
               if line.startswith('{"event": "checkpoint_fenced"')]
-    assert [e["step"] for e in fenced] == [370], fenced
+    assert [e["step"] for e in fenced] == [371], fenced
 
 
 def test_a_newer_generation_of_another_lineage_or_run_refuses_nothing(tmp_path: Path) -> None:

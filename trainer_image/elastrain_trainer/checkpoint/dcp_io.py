@@ -261,6 +261,10 @@ def _digests_key(step_key: str, prefix: str) -> str:
     return join(step_key, f"{prefix}sha256.json")
 
 
+class DirectoryTakenError(RuntimeError):
+    """A save's directory holds another writer's objects: nothing is written into it."""
+
+
 class CheckpointWriter(FileSystemWriter):
     """Writes one checkpoint directory; the coordinator calls `commit` once DCP finished."""
 
@@ -275,6 +279,19 @@ class CheckpointWriter(FileSystemWriter):
         self._storage = storage
         self._step_key = step_key
         self._commit = commit
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """On the coordinator, before any rank writes (off the training thread in an async
+        save): a directory that already holds objects was written by another writer since
+        this one's catalog was read (a node cut off from its world while the world committed
+        the same step), and writing into it would damage that checkpoint. The save fails
+        instead, like any failed save."""
+        held = self._storage.list(self._step_key + "/")
+        if held:
+            raise DirectoryTakenError(f"{self._step_key} already holds {len(held)} object(s) "
+                                      "written by another writer since this one read the "
+                                      "checkpoint root; not written into")
+        return super().prepare_global_plan(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         future = super().write_data(plan, planner)

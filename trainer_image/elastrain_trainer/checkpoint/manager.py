@@ -310,15 +310,11 @@ class CheckpointManager:
         return doomed
 
     def _know_catalog(self) -> rf.Failed | None:
-        """Read the root's catalog (a save must know which directories are taken); one
+        """Read the root's catalog once (a save must know which directories are taken); one
         attempt: a save that cannot list fails like any save and the next one tries again.
-
-        Without a fence, once: this manager is the root's only writer. With one (a job whose
-        world can move on without this node), before every save: a node that was cut off
-        knows only the directories of its own past, and would write its shards into one the
-        world committed meanwhile (seen in a unit test: DCP overwrote it). A listing that fails
-        then keeps the known catalog: the save goes on as before the refresh."""
-        if self.catalog is not None and self.fence is None:
+        (A writer cut off for a while knows only its own past: CheckpointWriter checks that
+        the directory it chose holds nothing yet, off the training thread.)"""
+        if self.catalog is not None:
             return None
         fault_injection.before_catalog(*((dist.get_rank(self.pg), dist.get_world_size(self.pg))
                                          if dist.is_initialized() else (0, 1)))
@@ -328,14 +324,9 @@ class CheckpointManager:
             self._adopt(outcome.value)
             return None
         assert isinstance(outcome, rf.Failed)  # a listing proves no damage
-        return outcome if self.catalog is None else None
+        return outcome
 
     def _adopt(self, catalog: cat.Catalog) -> None:
-        # What this manager proved damaged stays so when a listing cannot tell (its
-        # QUARANTINED marker may not have been written).
-        for d, why in (self.catalog.damaged.items() if self.catalog is not None else ()):
-            if d in catalog.objects and d not in catalog.damaged:
-                catalog = cat.with_damaged(catalog, d, why)
         self.catalog = catalog
         self._taken |= catalog.taken()
         self._next_seq = max(self._next_seq, catalog.next_seq())
