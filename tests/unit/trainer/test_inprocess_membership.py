@@ -176,11 +176,10 @@ def test_every_plan_after_the_first_carries_its_lineage_on() -> None:
     """The lineage the first plan was founded with goes through joins, failures and stops (a
     store restored copies the plan whole), so commits of one line of generations compare
     across stores; a plan written before lineages reads as ""."""
-    first = plan_generation(None, Requests(step=0, joining=("a", "b", "c")), CFG,
-                            lineage="found:a:n0")
+    first = dataclasses.replace(started("a", "b", "c"), lineage="found:a:n0")  # admission's
     assert first.lineage == "found:a:n0"
     failed = plan_generation(first, Requests(step=5, dead=frozenset("c"),
-                                             steps={"a": 5, "b": 5}), CFG, lineage="ignored")
+                                             steps={"a": 5, "b": 5}), CFG)
     joined = plan_generation(failed, Requests(step=9, joining=("d",)), CFG)
     stop = plan_stop(joined, Requests(step=12, leaving=frozenset("abd")))
     assert [p.lineage for p in (failed, joined, stop)] == ["found:a:n0"] * 3

@@ -224,8 +224,7 @@ def choose_world_size(available: int, cfg: PlanConfig) -> int:
                         f"micro-batches of {cfg.micro_batch}")
 
 
-def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig,
-                    lineage: str = "") -> Plan:
+def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig) -> Plan:
     """The next generation: survivors in their old rank order, then spares and joiners in
     request order; the world is the largest that keeps the global batch; every node that is
     behind the newest committed step (a joiner, or a survivor whose step did not commit) heals
@@ -234,9 +233,8 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig,
     Units: a unit with any node leaving or dead is gone whole (its other ranks end with it);
     a unit not all of whose local ranks have asked yet waits among the spares until they have;
     a behind node heals from the node at its local rank in its source unit (the same position:
-    the same shards where a pod's ranks shard the model).
-
-    `lineage`: a first plan's (Plan.lineage); any later one carries `current`'s on."""
+    the same shards where a pod's ranks shard the model). A later plan carries `current`'s
+    lineage on (a first plan's is its publisher's: inprocess.admission)."""
     old = current.nodes + current.spares if current is not None else ()
     gone = {unit_of(n) for n in req.leaving | req.dead}
     survivors = [n for n in old if unit_of(n) not in gone]
@@ -268,7 +266,7 @@ def plan_generation(current: Plan | None, req: Requests, cfg: PlanConfig,
                 reason=_reason(current, req, joiners), global_batch=cfg.global_batch,
                 accum=cfg.global_batch // (cfg.micro_batch * len(nodes)), spares=spares,
                 lost=planned_out(current, req, nodes + spares),
-                lineage=current.lineage if current is not None else lineage)
+                lineage=current.lineage if current is not None else "")
 
 
 # A pod's name is a DNS label, so it never holds this.
