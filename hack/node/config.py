@@ -190,6 +190,9 @@ def render_kubelet_config(files: KubeletFiles, *, healthz_port: int,
         "serverTLSBootstrap": False,
         "registerNode": True,
         "maxPods": 110,
+        # Renewed every quarter of it (3 s): well inside the controller-manager's 20 s
+        # node-monitor-grace-period here (hack/cluster_servers.py).
+        "nodeLeaseDurationSeconds": 12,
     }
     if node.cgroup_root:
         # Its own cgroup tree: /kubepods is node 1's in every hierarchy (pitfall 11).

@@ -19,11 +19,13 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
    until the replacement waits to take its place, then leaves: every step the trainers record
    after the taint is at world 3, none is trained twice, one preemption (the drain took the pod
    before the move was done), no failure.
-3. Node 2 partitioned (every packet to and from it dropped: no socket closes): the heartbeat
-   plans its worker out, the operator replaces it after the grace (a failure), and once the
-   partition lifts the dark worker ends without training beside the world: the store's plan
-   never names it again, and the bucket holds no commit of its generation made after the
-   world moved on.
+3. Node 2, with worker 2 and the operator on it, partitioned (every packet to and from it
+   dropped: no socket closes): the heartbeat plans its worker out with no operator to help; the
+   chart's tolerations (30 s on a NotReady or unreachable node) let the operator's Deployment
+   start it on node 1, and the new operator replaces the dark worker (a failure, counted once).
+   Once the partition lifts the old operator is ended by its kubelet, counting nothing twice,
+   and the dark worker ends without training beside the world: the store's plan never names
+   it again, and the bucket holds no commit of its generation made after the world moved on.
 4. Node 2 cordoned, with a spare waiting on node 1, and drained once the move is done: the
    doomed worker leaves at once and the spare takes its place; its replacement becomes the new
    spare; the drain finds none of the job's pods there. Nothing counted.
@@ -358,17 +360,26 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     # The world's plan keeps listing the pods it planned out that never came back (scenario 19's
     # kept-frozen worker, when it ran before): the new entry must be the dark worker alone.
     lost_before = max(t.logs.events("regroup"), key=lambda r: float(r["time"]))["lost"]
-    # Its replacement, due before node 2 is NotReady, must not be placed on the cut-off node.
+    # The operator goes dark with the node (item 2: the bound holds for the operator's node).
+    dark_operator = t.move_operator(t.second.name)
+    # Worker 2's replacement and the operator's must not be placed on the cut-off node.
     t.hold(t.second.name)
     at = time.time()
     t.second.partition()
     try:
-        # The heartbeat plans it out (no socket closed: the survivors sever theirs).
+        # The heartbeat plans it out (no socket closed: the survivors sever theirs), with no
+        # operator to help: the survivors' own watch, within heartbeatTimeoutSeconds.
         fail = wait_for("the world without the dark worker", lambda: next(
             (r for r in t.logs.events("regroup") if float(r["time"]) > at
              and r["world_size"] == 2), None), timeout=60)
         assert fail["reason"] == "fail" and fail["lost"] == [*lost_before, dark], \
             (fail, lost_before)
+        # The chart's tolerations (30 s on an unreachable or NotReady node, not Kubernetes'
+        # 300 s) let the operator's Deployment start it on node 1; the new operator counts
+        # and replaces the dark worker.
+        operator = wait_for("the operator back on node 1", lambda: t.operator_ready_on(
+            NODE_1, besides={dark_operator["metadata"]["uid"]}), timeout=150)
+        operator_back = time.time()
         replacement = wait_for("worker 2's replacement bound to node 1",
                                lambda: t.bound(2, NODE_1), timeout=120)
         joined = wait_for("the replacement in the world, healed from a peer", lambda: next(
@@ -378,11 +389,17 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
         assert t.counters() == (before[0], before[1] + 1)
         loss = t.status()["recentLosses"][-1]
         assert (loss["pod"], loss["kind"]) == (dark, "Failed"), loss
-        assert loss["reason"].startswith("planned out by the in-process world"), loss
+        # By the world's word or the node's (NotReady by the time the new operator runs).
+        assert loss["reason"].startswith(("planned out by the in-process world",
+                                          f"node {t.second.name} lost")), loss
         assert pod_processes(uid), "the dark worker's processes ended while cut off"
     finally:
         t.second.heal()
         t.release(t.second.name)
+    # The old operator, back with its node, is ended by its kubelet (its pod was evicted) and
+    # counts nothing twice (lifted_and_fenced reads the counters after it).
+    wait_for("the dark operator's pod gone", lambda: dark_operator["metadata"]["uid"] not in {
+        p["metadata"]["uid"] for p in t.operator_pods()}, timeout=180)
     healed = lifted_and_fenced(t, uid, dark, fail, before, survivors, steps=20)
     after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
     assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
@@ -393,9 +410,11 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
         set(survivors) | {replacement}, read
     record_recovery("34-partition", float(joined["time"]) - at, mode=INPROCESS, pod=dark,
                     world_2_after_s=round(float(fail["time"]) - at, 1),
+                    operator_back_s=round(operator_back - at, 1),
                     ended_after_heal_s=round(time.time() - healed, 1))
-    print(f"{dark} partitioned: world 2 after {float(fail['time']) - at:.1f} s, {replacement} "
-          f"in the world after {float(joined['time']) - at:.1f} s")
+    print(f"{dark} partitioned with the operator ({operator['metadata']['name']} back on node 1 "
+          f"after {operator_back - at:.1f} s): world 2 after {float(fail['time']) - at:.1f} s, "
+          f"{replacement} in the world after {float(joined['time']) - at:.1f} s")
 
 
 def test_4_a_cordon_moves_a_worker_onto_a_waiting_spare_at_once_before_the_drain(

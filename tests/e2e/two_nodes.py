@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import NamespacePool, NodeCluster, SecondNode, added_second_node
+from tests.e2e.conftest import (
+    OPERATOR_NAMESPACE,
+    NamespacePool,
+    NodeCluster,
+    SecondNode,
+    added_second_node,
+)
 from tests.e2e.support import (
     ARTIFACTS,
     Incarnation,
@@ -81,6 +87,41 @@ class TwoNodeJob(Training):
             if node != name:
                 self.k("label", "node", node, f"{STORE_NODE}-", check=False)
         self.k("label", "node", name, f"{STORE_NODE}=yes", "--overwrite")
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        """The operator's pods (the chart's release), going ones included."""
+        return list(self.k.json("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                                "app.kubernetes.io/name=elastrain")["items"])
+
+    def operator_ready_on(self, node: str, *, besides: set[str]) -> dict[str, Any] | None:
+        """An operator pod on `node`, Ready and not going, whose uid is not in `besides`."""
+        for pod in self.operator_pods():
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if (pod["metadata"]["uid"] not in besides and pod["spec"].get("nodeName") == node
+                    and not pod["metadata"].get("deletionTimestamp")
+                    and statuses and all(c.get("ready") for c in statuses)):
+                return pod
+        return None
+
+    def move_operator(self, node: str) -> dict[str, Any]:
+        """The operator's pod deleted with every other node held: its Deployment starts the
+        next one on `node`. Returns that pod once it is Ready."""
+        others = [n for n in (NODE_1, self.second.name) if n != node]
+        old = {p["metadata"]["uid"] for p in self.operator_pods()}
+        for name in others:
+            self.hold(name)
+        try:
+            for uid in old:
+                pod = next(p for p in self.operator_pods() if p["metadata"]["uid"] == uid)
+                self.k("delete", "pod", pod["metadata"]["name"], "-n", OPERATOR_NAMESPACE,
+                       "--wait=false", check=False)
+            moved: dict[str, Any] = wait_for(
+                f"the operator Ready on {node}",
+                lambda: self.operator_ready_on(node, besides=old), timeout=120)
+        finally:
+            for name in others:
+                self.release(name)
+        return moved
 
     def put_worker_2_on_node_2(self) -> str:
         """From a world of 2 on node 1: scaled to 3 with node 1 held, worker 2's new pod lands
