@@ -165,8 +165,8 @@ def commits(node: NodeCluster, ns: str, job: str) -> tuple[list[dict[str, Any]],
     written, fenced or not; the `latest` pointer), as the trainers' own catalog reads them."""
     import boto3
 
-    from elastrain_trainer.checkpoint.manager import scan
     from elastrain_trainer.checkpoint.manifest import COMMIT_MARKER
+    from elastrain_trainer.checkpoint.root import scan
     from elastrain_trainer.checkpoint.s3 import S3Storage
 
     client = boto3.client("s3", **node.s3.client_kwargs)

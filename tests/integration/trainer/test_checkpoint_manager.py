@@ -13,7 +13,7 @@ import torch
 from elastrain_trainer.checkpoint import CheckpointManager, CheckpointStorage, SaveRequest
 from elastrain_trainer.checkpoint import catalog as cat
 from elastrain_trainer.checkpoint import manifest as mf
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 

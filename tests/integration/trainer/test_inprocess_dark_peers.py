@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.checkpoint.local import LocalStorage
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 
 from .test_inprocess import wait_for
 from .test_inprocess_builtin import job_store

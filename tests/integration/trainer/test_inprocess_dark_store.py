@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.checkpoint.local import LocalStorage
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.ports import free_port
 from tests.warmstart import started_pid
 

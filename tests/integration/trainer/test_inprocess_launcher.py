@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.checkpoint.local import LocalStorage
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.inprocess import membership as m
 from elastrain_trainer.inprocess.store import MembershipStore
 from elastrain_trainer.launch import rdzv_store

@@ -26,7 +26,7 @@ import torch
 
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
 from elastrain_trainer.checkpoint import manifest as mf
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.checkpoint.s3 import S3Storage
 from elastrain_trainer.events import parse_line
 from elastrain_trainer.ports import free_port

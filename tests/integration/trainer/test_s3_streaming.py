@@ -17,7 +17,7 @@ import torch
 
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
 from elastrain_trainer.checkpoint import manifest as mf
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.checkpoint.s3 import S3Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("one_rank_group")]

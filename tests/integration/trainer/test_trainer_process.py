@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from elastrain_trainer.checkpoint import manifest as mf
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.checkpoint.s3 import S3Storage
 from elastrain_trainer.events import parse_line
 

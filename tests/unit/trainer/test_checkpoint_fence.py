@@ -12,7 +12,7 @@ import torch
 from elastrain_trainer.checkpoint import CheckpointManager, SaveRequest
 from elastrain_trainer.checkpoint import manifest as mf
 from elastrain_trainer.checkpoint.local import LocalStorage
-from elastrain_trainer.checkpoint.manager import scan
+from elastrain_trainer.checkpoint.root import scan
 
 
 class FencedError(RuntimeError):
@@ -127,3 +127,35 @@ def test_a_newer_generation_of_another_lineage_or_run_refuses_nothing(tmp_path: 
     writer.save(SaveRequest(390, state(390)))
     assert writer.failed_saves == 0, writer.last_error
     assert storage.read(mf.LATEST) == b"step-00000390"
+
+
+class CountedReads(LocalStorage):
+    """A local root that counts the commit markers read from it."""
+
+    markers_read = 0
+
+    def read(self, key: str) -> bytes:
+        if key.endswith("/" + mf.COMMIT_MARKER):
+            self.markers_read += 1
+        return super().read(key)
+
+
+def test_a_commits_check_reads_only_the_markers_its_writer_has_not_read(tmp_path: Path) -> None:
+    """The check lists the root on every commit; a root that keeps many commits must not cost
+    a read of each marker every time: only a commit this writer does not know yet is read (the
+    world's, here), and it still refuses the stale writer."""
+    storage = CountedReads(tmp_path / "ckpt")
+    writer = CheckpointManager(storage, keep=100, async_save=False, run="r",
+                               fence=Answers("found:a:1", 21))
+    for step in range(1, 7):
+        writer.save(SaveRequest(step, state(step)))
+    assert writer.failed_saves == 0, writer.last_error
+    # Its first save read the (empty) root's catalog; each commit after listed 1..5 commits of
+    # its own and read none of their markers.
+    assert storage.markers_read == 0
+    CheckpointManager(storage, keep=100, async_save=False, run="r",
+                      fence=Answers("found:a:1", 22)).save(SaveRequest(7, state(7)))
+    read_before = storage.markers_read
+    writer.save(SaveRequest(8, state(8)))
+    assert "generation 22 of this lineage committed step-00000007" in str(writer.last_error)
+    assert storage.markers_read - read_before == 1

@@ -80,16 +80,22 @@ def group_keys(keys: Iterable[str]) -> dict[str, frozenset[str]]:
     return {d: frozenset(names) for d, names in groups.items()}
 
 
-def marker_dirs(objects: Mapping[str, frozenset[str]]) -> list[str]:
-    """The directories whose commit marker must be read to know their place in commit order."""
+def marker_dirs(objects: Mapping[str, frozenset[str]],
+                known: Mapping[str, Commit] | None = None) -> list[str]:
+    """The directories whose commit marker must be read to know their place in commit order
+    (`known`: commits already read, whose markers need no second read: a marker is written
+    once and never changed)."""
     return sorted(d for d, names in objects.items()
-                  if mf.COMMIT_MARKER in names and mf.QUARANTINED not in names)
+                  if mf.COMMIT_MARKER in names and mf.QUARANTINED not in names
+                  and d not in (known or {}))
 
 
 def build_catalog(objects: Mapping[str, frozenset[str]],
-                  markers: Mapping[str, bytes | None]) -> Catalog:
+                  markers: Mapping[str, bytes | None],
+                  known: Mapping[str, Commit] | None = None) -> Catalog:
     """The catalog from a listing and the bytes of the markers `marker_dirs` named (None: the
-    marker vanished between the listing and the read, as retention's deletion does)."""
+    marker vanished between the listing and the read, as retention's deletion does), and the
+    `known` commits whose markers were not read again."""
     commits: list[Commit] = []
     damaged: dict[str, str] = {}
     uncommitted: list[str] = []
@@ -98,6 +104,8 @@ def build_catalog(objects: Mapping[str, frozenset[str]],
         assert parsed is not None
         if mf.QUARANTINED in names:
             damaged[d] = "quarantined earlier"
+        elif known and d in known and mf.COMMIT_MARKER in names:
+            commits.append(known[d])
         elif mf.COMMIT_MARKER not in names or markers.get(d) is None:
             uncommitted.append(d)
         else:

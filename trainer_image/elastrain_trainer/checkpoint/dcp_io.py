@@ -23,6 +23,7 @@ from typing import IO, Any, TypeVar, cast
 
 import torch
 import torch.serialization
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
@@ -378,3 +379,20 @@ class CheckpointReader(FileSystemReader):
         meta.load_id = self.load_id
         self._metadata.storage_meta = meta
         return self._metadata
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's wrapper."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return error.failures[min(error.failures)][0]
+    return error
+
+
+def short_error(error: BaseException) -> str:
+    """The root cause in one line (DCP wraps each rank's error with its traceback)."""
+    if isinstance(error, CheckpointException):
+        causes = {f"{type(exc).__name__}: {exc}" for exc, _tb in error.failures.values()}
+        text = "; ".join(sorted(causes))
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return text if len(text) < 600 else text[:600] + "..."

@@ -23,9 +23,8 @@ What it promises (catalog.py, read_faults.py):
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,8 +42,14 @@ from elastrain_trainer.checkpoint import catalog as cat
 from elastrain_trainer.checkpoint import manifest as mf
 from elastrain_trainer.checkpoint import read_faults as rf
 from elastrain_trainer.checkpoint.backends import open_storage
-from elastrain_trainer.checkpoint.dcp_io import CheckpointReader, CheckpointWriter
+from elastrain_trainer.checkpoint.dcp_io import (
+    CheckpointReader,
+    CheckpointWriter,
+    root_cause,
+    short_error,
+)
 from elastrain_trainer.checkpoint.diagnose import StorageProblem, diagnose
+from elastrain_trainer.checkpoint.root import quarantine, read_committed, scan
 from elastrain_trainer.checkpoint.storage import CheckpointStorage, join
 from elastrain_trainer.events import emit
 
@@ -233,9 +238,9 @@ class CheckpointManager:
             self.last_error = error
             if key and self.catalog is not None:
                 self.catalog = cat.with_uncommitted(self.catalog, key)
-            problem = self._diagnose(_root_cause(error), key or mf.step_dir(step))
+            problem = self._diagnose(root_cause(error), key or mf.step_dir(step))
             metrics.record_checkpoint_failed(problem.kind, problem.message)
-            emit("checkpoint_failed", step=step, error=_short(error), kind=problem.kind,
+            emit("checkpoint_failed", step=step, error=short_error(error), kind=problem.kind,
                  note="training continues; the next checkpoint retries")
             return
         uri = join(self.storage.uri, key)
@@ -280,20 +285,22 @@ class CheckpointManager:
         try:
             self.apply_retention()
         except Exception as e:  # committed all the same; the next commit deletes what is left
-            emit("checkpoint_retention_failed", step=req.step, error=_short(e))
+            emit("checkpoint_retention_failed", step=req.step, error=short_error(e))
 
     def _check_bucket_fence(self, lineage: str, gen: int) -> None:
         """The store's answer can come from the wrong store: one replaced while this node was
         cut off with it still answers for the generation it knew (e2e scenario 6). The bucket
         is the one place both sides write, so a newer generation's commit there refuses this
         one. A root that cannot be listed lets it through (the store's rule for a lost store:
-        a world must keep committing); the catalog fences it on read if it was stale."""
+        a world must keep committing); the catalog fences it on read if it was stale.
+        One LIST per commit, and only the markers this manager has not read yet: a root that
+        keeps a hundred commits costs no hundred reads on every commit."""
         if gen <= 0:
             return
         try:
-            newer = cat.outrun_by(scan(self.storage), self.run, lineage, gen)
+            newer = cat.outrun_by(scan(self.storage, known=self.catalog), self.run, lineage, gen)
         except Exception as e:  # a flaky store; the read-side rule still holds
-            emit("checkpoint_fence_unchecked", error=_short(e))
+            emit("checkpoint_fence_unchecked", error=short_error(e))
             return
         if newer is not None:
             raise CommitFencedError(f"planned out: generation {newer.gen} of this lineage "
@@ -455,7 +462,7 @@ class CheckpointManager:
                 self._skip(storage, d, step, why)
 
     def _skip(self, storage: CheckpointStorage, d: str, step: int, reason: str) -> None:
-        quarantined = self._broadcast(lambda: _quarantine(storage, d, step, reason))
+        quarantined = self._broadcast(lambda: quarantine(storage, d, step, reason, _now()))
         uri = join(storage.uri, d)
         self.skipped.append(Skipped(step, uri, reason, bool(quarantined)))
         if self.catalog is not None and storage is self.storage:
@@ -478,7 +485,7 @@ class CheckpointManager:
                 else:
                     storage.write(mf.LATEST, newest.dir.encode())
             except Exception as e:  # the next commit rewrites it
-                emit("checkpoint_latest_failed", error=_short(e))
+                emit("checkpoint_latest_failed", error=short_error(e))
 
         self._broadcast(point)
 
@@ -493,65 +500,6 @@ class CheckpointManager:
         box = [fn() if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.pg)
         return box[0]  # type: ignore[return-value]
-
-
-def scan(storage: CheckpointStorage) -> cat.Catalog:
-    """List the root and read the commit markers (their sequence numbers order the commits)."""
-    objects = cat.group_keys(storage.list())
-    markers: dict[str, bytes | None] = {}
-    for d in cat.marker_dirs(objects):
-        try:
-            markers[d] = storage.read(join(d, mf.COMMIT_MARKER))
-        except FileNotFoundError:
-            markers[d] = None  # deleted since the listing
-    return cat.build_catalog(objects, markers)
-
-
-def read_committed(storage: CheckpointStorage, key: str,
-                   names: Iterable[str]) -> tuple[dict[str, mf.FileDigest], dict[str, Any]]:
-    """(manifest files, sidecar) of a committed checkpoint; CorruptCheckpointError when what is
-    stored proves it damaged. Other exceptions are the store's."""
-    try:
-        marker = storage.read(join(key, mf.COMMIT_MARKER))
-        manifest = storage.read(join(key, mf.MANIFEST))
-        files = mf.parse_checked_manifest(marker, manifest)
-        sidecar = json.loads(storage.read(join(key, mf.SIDECAR)))
-    except FileNotFoundError as e:
-        raise mf.CorruptCheckpointError(f"incomplete: {e}") from None
-    except json.JSONDecodeError as e:
-        raise mf.CorruptCheckpointError(f"{mf.SIDECAR} is not JSON ({e})") from None
-    present = set(names)
-    missing = sorted(n for n in files if n not in present)
-    if missing:
-        raise mf.CorruptCheckpointError(f"{', '.join(missing)} named in the manifest "
-                                        f"{'is' if len(missing) == 1 else 'are'} missing")
-    return files, sidecar if isinstance(sidecar, dict) else {}
-
-
-def _quarantine(storage: CheckpointStorage, d: str, step: int, reason: str) -> bool:
-    try:
-        storage.write(join(d, mf.QUARANTINED), mf.build_quarantine_marker(step, reason, _now()))
-    except Exception as e:  # still never loaded or deleted by this process; told once more later
-        emit("checkpoint_quarantine_failed", uri=join(storage.uri, d), error=_short(e))
-        return False
-    return True
-
-
-def _root_cause(error: BaseException) -> BaseException:
-    """The first rank's own exception inside DCP's wrapper."""
-    if isinstance(error, CheckpointException) and error.failures:
-        return error.failures[min(error.failures)][0]
-    return error
-
-
-def _short(error: BaseException) -> str:
-    """The root cause in one line (DCP wraps each rank's error with its traceback)."""
-    if isinstance(error, CheckpointException):
-        causes = {f"{type(exc).__name__}: {exc}" for exc, _tb in error.failures.values()}
-        text = "; ".join(sorted(causes))
-    else:
-        text = f"{type(error).__name__}: {error}"
-    return text if len(text) < 600 else text[:600] + "..."
 
 
 def _now() -> str:
