@@ -24,6 +24,7 @@ from elastrain_operator.policy.failures import (
     classify_pod_exit,
     configuration_error,
     describe_exit,
+    evicted_from_lost_node,
 )
 from elastrain_operator.policy.restarts import backoff_until
 from elastrain_operator.policy.round import MAX_RECENT_LOSSES, Observed, Round
@@ -39,9 +40,13 @@ def _by_slot(workers: Sequence[WorkerPod]) -> dict[int, list[WorkerPod]]:
 
 
 def _count_loss(r: Round, job: TrainingJob, pod: WorkerPod, exit_: Exit,
-                slot: WorkerSlot, now: datetime) -> WorkerSlot:
-    preempted = exit_ is Exit.PREEMPTED
+                slot: WorkerSlot, now: datetime, lost_node: str | None = None) -> WorkerSlot:
+    """`lost_node`: why the pod's node is lost, when its taint manager evicted the pod from it
+    (failures.evicted_from_lost_node): a failure, not a preemption."""
+    preempted = exit_ is Exit.PREEMPTED and lost_node is None
     why = describe_exit(pod)
+    if lost_node is not None:
+        why = f"node {pod.node} lost ({lost_node}): {why}"
     # Dated by the pod (never later than now: clocks of kubelet and operator may differ).
     lost_at = min(pod.lost_at, now) if pod.lost_at is not None else now
     loss = WorkerLoss(index=pod.index, pod=pod.name, kind="Preempted" if preempted else "Failed",
@@ -112,7 +117,8 @@ def account(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
             if exit_ is Exit.PREEMPTED and is_lost_to_store(current, r.acct.store):
                 slot = _count_store_loss(r, job, current, slot, now)
             elif exit_ in (Exit.PREEMPTED, Exit.FAILED):
-                slot = _count_loss(r, job, current, exit_, slot, now)
+                slot = _count_loss(r, job, current, exit_, slot, now,
+                                   evicted_from_lost_node(current, observed.lost_nodes))
         if slot.moving_from and counting and index < pods:
             slot = _count_moving_loss(r, job, grouped.get(index, []), slot, now)
         slots[index] = slot

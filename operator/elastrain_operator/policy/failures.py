@@ -4,14 +4,16 @@
 
 - Preempted: the platform took the worker away. Any `DisruptionTarget=True` condition (whatever
   its reason: PreemptionByScheduler, DeletionByTaintManager, EvictionByEvictionAPI,
-  DeletionByPodGC, TerminationByKubelet, ...), a pod being deleted (the operator never deletes a
-  pod of an active slot, so a deletion is someone else's: a drain, the pod GC after the node went
-  away, a user), or a kubelet status reason that means the node dropped it (Evicted, NodeLost,
-  Shutdown, Terminated, ...). This is checked first: a trainer that checkpoints on SIGTERM exits
-  143 or even 0, and must not look failed or finished. Also a worker whose torchrun agent lost
-  the job's rendezvous store (its log, kept as the termination message, ends in
-  RendezvousConnectionError): the store pod was deleted or its node lost, and every agent exits
-  with it; the trainers have saved on the agent's SIGTERM, so this is the platform's loss too.
+  DeletionByPodGC, TerminationByKubelet, ...; the taint manager's eviction from a node that
+  stopped answering is a failure: `evicted_from_lost_node`), a pod being deleted (the operator
+  never deletes a pod of an active slot, so a deletion is someone else's: a drain, the pod GC
+  after the node went away, a user), or a kubelet status reason that means the node dropped it
+  (Evicted, NodeLost, Shutdown, Terminated, ...). This is checked first: a trainer that
+  checkpoints on SIGTERM exits 143 or even 0, and must not look failed or finished. Also a
+  worker whose torchrun agent lost the job's rendezvous store (its log, kept as the termination
+  message, ends in RendezvousConnectionError): the store pod was deleted or its node lost, and
+  every agent exits with it; the trainers have saved on the agent's SIGTERM, so this is the
+  platform's loss too.
   Unless the store never worked: the planner asks policy.store whether the worker only ever
   knew a store that has never been Ready, and then counts it as neither.
 - Failed: the trainer container ended non-zero on its own (exit 1, exit 137 OOMKilled, ...);
@@ -25,6 +27,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -42,6 +45,8 @@ DISRUPTION_REASONS = frozenset({
 # What torchrun's c10d rendezvous raises when the job's store stops answering (seen on a real node
 # when the store pod was deleted: every agent exits 1 with it, from its keep-alive or its poll).
 RENDEZVOUS_LOST = "RendezvousConnectionError"
+# The DisruptionTarget reason of the node controller's NoExecute taint eviction.
+TAINT_MANAGER = "DeletionByTaintManager"
 # How the trainer's launcher starts the line that says why a worker crashed (the trainer's own
 # exception): a crash counts against maxRestarts and its reason is quoted in events and status.
 CRASH_PREFIX = "elastrain: worker crashed: "
@@ -180,6 +185,18 @@ def _lost_at(meta: Manifest, disruption: Manifest | None,
     times.append(aware_time(terminated.get("finishedAt")))
     known = [t for t in times if t is not None]
     return min(known) if known else None
+
+
+def evicted_from_lost_node(pod: WorkerPod, lost_nodes: Mapping[str, str]) -> str | None:
+    """Why the pod's node is lost, when the node controller's taint manager evicted the pod
+    from it: a node that stopped answering (NotReady, unreachable) gave no notice, so its
+    worker is a failure, as when the operator replaces it first (policy.replace), not a
+    preemption. The eviction comes once the pod's node-loss toleration runs out, before the
+    operator acts only when the operator was down meanwhile (its own node dark: e2e scenario
+    3). Any other taint manager eviction (a NoExecute taint someone set) stays a preemption."""
+    if pod.disruption_reason == TAINT_MANAGER and pod.node:
+        return lost_nodes.get(pod.node)
+    return None
 
 
 def lost_rendezvous(pod: WorkerPod) -> bool:

@@ -168,3 +168,37 @@ def test_restart_mode_a_pod_on_a_lost_node_is_counted_a_failure_and_replaced_at_
     replaced_as_lost_on_node_2(w, p)
     again = w.reconcile(T0 + timedelta(seconds=31), lost_nodes=lost)
     assert not again.counted_restarts and w.job["status"]["restarts"] == 1
+
+
+def test_a_pod_the_taint_manager_evicted_from_a_lost_node_is_a_failure_not_a_preemption(
+        ) -> None:
+    """The operator was down while a node went dark (its own node with it: e2e scenario 3), and
+    the pod's node-loss toleration ran out first: the node controller's taint manager evicted
+    it. A node lost with no notice is a failure, as when the operator replaces the pod first;
+    the same eviction from a node that answers (a NoExecute taint of someone's) stays a
+    preemption."""
+    w = running_world(recovery={"mode": "InProcess"})
+    now = T0 + timedelta(seconds=60)
+    w.set_pod("demo-worker-2-0", "Running", disruption="DeletionByTaintManager")
+    w.pods["demo-worker-2-0"]["spec"]["nodeName"] = "node-2"
+    w.pods["demo-worker-2-0"]["metadata"]["deletionTimestamp"] = now.isoformat()
+    lost = {"node-2": "taint node.kubernetes.io/unreachable"}
+    p = w.reconcile(now, lost_nodes=lost)
+    assert p.counted_restarts == 1 and not p.counted_preemptions
+    status = w.job["status"]
+    assert (status["restarts"], status["preemptions"]) == (1, 0)
+    (loss,) = status["recentLosses"]
+    assert (loss["pod"], loss["kind"]) == ("demo-worker-2-0", "Failed")
+    assert loss["reason"] == ("node node-2 lost (taint node.kubernetes.io/unreachable): "
+                              "DisruptionTarget: DeletionByTaintManager"), loss
+    assert c.WORKER_FAILED in {e.reason for e in p.events}
+    assert c.WORKER_PREEMPTED not in {e.reason for e in p.events}
+    # Counted once: the next round counts nothing more.
+    again = w.reconcile(now + timedelta(seconds=1), lost_nodes=lost)
+    assert not again.counted_restarts and not again.counted_preemptions
+    # Worker 1's node answers: the same eviction is a preemption.
+    w.set_pod("demo-worker-1-0", "Running", disruption="DeletionByTaintManager")
+    w.pods["demo-worker-1-0"]["metadata"]["deletionTimestamp"] = now.isoformat()
+    p = w.reconcile(now + timedelta(seconds=2), lost_nodes=lost)
+    assert p.counted_preemptions == 1 and not p.counted_restarts
+    assert w.job["status"]["recentLosses"][-1]["kind"] == "Preempted"
