@@ -158,3 +158,31 @@ def test_a_marker_records_its_generation_and_store_epoch() -> None:
     assert (marker.store_epoch, marker.gen, marker.seq, marker.run) == ("abc", 3, 2, "run")
     plain = mf.parse_commit_marker(committed(8, 2)[1])
     assert (plain.store_epoch, plain.gen) == ("", 0)
+
+
+def test_a_generation_record_fences_an_older_generations_commit_numbered_at_or_above_it(
+        ) -> None:
+    """A record fences as a commit of its generation would: the commit of generation 21 made
+    when the world's next commit was to be 5 is a planned-out node's; one made before (4), or
+    of another lineage or run, is not. A record is never a commit, never fenced itself."""
+    def marker(step: int, seq: int, gen: int, lineage: str = "L", run: str = "r") -> bytes:
+        return mf.build_commit_marker(step, b"m", seq, run, lineage, gen)
+
+    objects = {d: frozenset({mf.COMMIT_MARKER}) for d in
+               ("step-00000010", "step-00000020", "step-00000030", "step-00000040")}
+    markers = {"step-00000010": marker(10, 4, 21), "step-00000020": marker(20, 5, 21),
+               "step-00000030": marker(30, 5, 21, lineage="M"),
+               "step-00000040": marker(40, 6, 21, run="other")}
+    record = mf.generation_record_key("r", "L", 22)
+    generations = cat.parse_records({record: mf.build_generation_record("r", "L", 22, 5)})
+    catalog = cat.build_catalog(objects, markers, None, generations)
+    assert [c.dir for c in catalog.commits] == ["step-00000010", "step-00000030",
+                                                "step-00000040"]
+    assert "generation 22 had begun " + record in catalog.damaged["step-00000020"]
+    assert cat.outrun_by(catalog, "r", "L", 21) == generations[0]
+    assert cat.outrun_by(catalog, "r", "M", 21) is None
+    # Superseded once generation 22 (or newer) of its lineage commits.
+    assert cat.superseded_generations(catalog) == []
+    newer = cat.with_commit(catalog, cat.Commit("step-00000050", 50, 7, "r", "L", 22), ["x"])
+    assert cat.superseded_generations(newer) == [record]
+    assert cat.without(newer, [record]).generations == ()

@@ -101,7 +101,7 @@ def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_comm
     assert dark.failed_saves == 1 and "already holds" in str(dark.last_error), dark.last_error
     dark.save(SaveRequest(371, state(-1)))
     assert dark.failed_saves == 2, dark.last_error
-    assert "generation 22 of this lineage committed step-00000370" in str(dark.last_error)
+    assert "generation 22 of this lineage committed (step-00000370)" in str(dark.last_error)
     catalog = scan(storage)
     assert [c.dir for c in catalog.commits] == ["step-00000360", "step-00000370"]
     assert catalog.uncommitted == ("step-00000371",) and not catalog.damaged
@@ -157,5 +157,37 @@ def test_a_commits_check_reads_only_the_markers_its_writer_has_not_read(tmp_path
                       fence=Answers("found:a:1", 22)).save(SaveRequest(7, state(7)))
     read_before = storage.markers_read
     writer.save(SaveRequest(8, state(8)))
-    assert "generation 22 of this lineage committed step-00000007" in str(writer.last_error)
+    assert "generation 22 of this lineage committed (step-00000007)" in str(writer.last_error)
     assert storage.markers_read - read_before == 1
+
+
+def test_a_generation_record_refuses_a_stale_writer_before_the_world_commits_in_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """e2e scenario 6: the world regrouped to generation 22 and has not committed in it yet;
+    the dark node, its old store still vouching for 21, makes its stop save. The world's
+    record of entering 22 refuses it: no marker, `latest` unmoved. The world's own commit in 22
+    goes in, and supersedes the record, which retention then deletes."""
+    storage = LocalStorage(tmp_path / "ckpt")
+    dark = CheckpointManager(storage, keep=3, async_save=False, run="r",
+                             fence=Answers("found:a:1", 21))
+    dark.save(SaveRequest(420, state(420)))
+    world = CheckpointManager(storage, keep=3, async_save=False, run="r",
+                              fence=Answers("found:a:1", 22))
+    marked = world.mark_generation("found:a:1", 22)
+    assert marked is not None
+    marked.join(timeout=30)
+    (record,) = storage.list(mf.GENERATIONS + "/")
+    assert mf.parse_generation_record(storage.read(record)).seq == 2
+    dark.save(SaveRequest(423, state(-1)))
+    assert dark.failed_saves == 1, "the stale writer's commit went in"
+    assert "generation 22 of this lineage began" in str(dark.last_error), dark.last_error
+    assert storage.read(mf.LATEST) == b"step-00000420"
+    assert [c.dir for c in scan(storage).commits] == ["step-00000420"]
+    world.save(SaveRequest(430, state(430)))
+    assert world.failed_saves == 0, world.last_error
+    assert storage.list(mf.GENERATIONS + "/") == [], "the superseded record was kept"
+    assert [c.dir for c in scan(storage).commits] == ["step-00000420", "step-00000430"]
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+              if line.startswith('{"event"')]
+    assert [e["gen"] for e in events if e["event"] == "generation_recorded"] == [22]
+    assert [e["step"] for e in events if e["event"] == "checkpoint_fenced"] == [423]

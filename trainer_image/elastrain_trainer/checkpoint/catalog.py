@@ -19,6 +19,15 @@ one. Its writer refuses most of them first: the store's answer (manager.py's `fe
 the bucket's own newer commits (`outrun_by`), which also hold when the store that answered was
 an old one still running beside the cut-off writer.
 
+Until a new generation commits, the bucket would hold nothing of it, and a node cut off with an
+old store that still vouches for it could commit into that gap (e2e scenario 6: the dark
+worker's stop save, committed right after the partition lifted, before the world's first save
+in its new generation). So the world's coordinator writes a generation record when it enters a
+generation (`generations/`, manifest.build_generation_record): the sequence number the world's
+next commit gets and the generation, which fences exactly as a commit of that generation would
+(`fenced_commits`, `outrun_by`). A record is dropped once its lineage has a commit of its
+generation or a newer one (`superseded_generations`): that commit fences from then on.
+
 A save never writes into a directory that already holds objects (`choose_dir`): the first save
 of step 12 gets `step-00000012`, a later one `step-00000012.2`, so nothing committed is ever
 overwritten. A checkpoint proven damaged is kept (QUARANTINED, or known to the manager) and
@@ -35,7 +44,7 @@ from elastrain_trainer.checkpoint import manifest as mf
 
 @dataclass(frozen=True)
 class Commit:
-    """One committed checkpoint directory."""
+    """One committed checkpoint directory (or a generation record: `dir` its key, `step` -1)."""
 
     dir: str
     step: int
@@ -57,6 +66,7 @@ class Catalog:
     damaged: Mapping[str, str] = field(default_factory=dict)  # dir -> why (never loaded, kept)
     uncommitted: tuple[str, ...] = ()  # dirs with objects and no commit marker
     objects: Mapping[str, frozenset[str]] = field(default_factory=dict)  # dir -> object names
+    generations: tuple[Commit, ...] = ()  # generation records (step -1), by key
 
     @property
     def newest(self) -> Commit | None:
@@ -90,12 +100,37 @@ def marker_dirs(objects: Mapping[str, frozenset[str]],
                   and d not in (known or {}))
 
 
+def record_keys(keys: Iterable[str], known: Mapping[str, Commit] | None = None) -> list[str]:
+    """The generation records among a listing's keys that must be read (not in `known`)."""
+    return sorted(k for k in keys if k.startswith(mf.GENERATIONS + "/") and k not in (known or {}))
+
+
+def parse_records(records: Mapping[str, bytes | None],
+                  known: Mapping[str, Commit] | None = None,
+                  listed: Iterable[str] = ()) -> tuple[Commit, ...]:
+    """The generation records read (a record unreadable or vanished is no record: it fences
+    nothing, as a world that wrote none) and those `known` still `listed`."""
+    present = set(listed)
+    out = [c for k, c in (known or {}).items() if k in present and c.step < 0]
+    for key, data in records.items():
+        if data is None:
+            continue
+        try:
+            marker = mf.parse_generation_record(data)
+        except mf.CorruptCheckpointError:
+            continue
+        out.append(Commit(key, -1, marker.seq, marker.run, marker.store_epoch, marker.gen))
+    return tuple(sorted(out, key=lambda c: c.dir))
+
+
 def build_catalog(objects: Mapping[str, frozenset[str]],
                   markers: Mapping[str, bytes | None],
-                  known: Mapping[str, Commit] | None = None) -> Catalog:
+                  known: Mapping[str, Commit] | None = None,
+                  generations: tuple[Commit, ...] = ()) -> Catalog:
     """The catalog from a listing and the bytes of the markers `marker_dirs` named (None: the
-    marker vanished between the listing and the read, as retention's deletion does), and the
-    `known` commits whose markers were not read again."""
+    marker vanished between the listing and the read, as retention's deletion does), the
+    `known` commits whose markers were not read again, and the generation records
+    (parse_records)."""
     commits: list[Commit] = []
     damaged: dict[str, str] = {}
     uncommitted: list[str] = []
@@ -121,27 +156,32 @@ def build_catalog(objects: Mapping[str, frozenset[str]],
                 continue
             commits.append(Commit(d, parsed[0], marker.seq, marker.run, marker.store_epoch,
                                   marker.gen))
-    fenced = fenced_commits(commits)
+    fenced = fenced_commits(commits, generations)
     damaged |= fenced
     commits = sorted((c for c in commits if c.dir not in fenced), key=Commit.order)
-    return Catalog(tuple(commits), damaged, tuple(uncommitted), dict(objects))
+    return Catalog(tuple(commits), damaged, tuple(uncommitted), dict(objects), generations)
 
 
-def fenced_commits(commits: Iterable[Commit]) -> dict[str, str]:
+def fenced_commits(commits: Iterable[Commit],
+                   generations: Iterable[Commit] = ()) -> dict[str, str]:
     """Directory -> why, for each commit that a newer generation of its run and store epoch had
-    already outnumbered when it was made (the module's docstring: a planned-out writer's)."""
+    already outnumbered when it was made, by a commit or a generation record (the module's
+    docstring: a planned-out writer's)."""
     newest: dict[tuple[str, str], list[Commit]] = {}
-    for c in commits:
+    for c in (*commits, *generations):
         if c.gen > 0:
             newest.setdefault((c.run, c.store_epoch), []).append(c)
     fenced: dict[str, str] = {}
     for group in newest.values():
         for c in group:
+            if c.step < 0:
+                continue  # a record fences; it is never fenced
             newer = [d for d in group if d.gen > c.gen and d.seq <= c.seq]
             if newer:
                 first = min(newer, key=Commit.order)
+                done = "begun" if first.step < 0 else "committed"
                 fenced[c.dir] = (f"fenced: committed by generation {c.gen} after generation "
-                                 f"{first.gen} had committed {first.dir} (a node planned out of "
+                                 f"{first.gen} had {done} {first.dir} (a node planned out of "
                                  "the world wrote it)")
     return fenced
 
@@ -153,8 +193,20 @@ def outrun_by(catalog: Catalog, run: str, lineage: str, gen: int) -> Commit | No
     than leave it for `fenced_commits` (and it writes no `latest` and deletes nothing)."""
     if gen <= 0:
         return None
-    return next((c for c in catalog.commits
+    return next((c for c in (*catalog.commits, *catalog.generations)
                  if c.run == run and c.store_epoch == lineage and c.gen > gen), None)
+
+
+def superseded_generations(catalog: Catalog) -> list[str]:
+    """Generation records whose lineage has since committed in their generation or a newer
+    one: that commit fences what the record did (its sequence number is the record's or
+    above, and a writer with a catalog that old is refused by the commit's generation)."""
+    newest: dict[tuple[str, str], int] = {}
+    for c in catalog.commits:
+        key = (c.run, c.store_epoch)
+        newest[key] = max(newest.get(key, 0), c.gen)
+    return [r.dir for r in catalog.generations
+            if r.gen <= newest.get((r.run, r.store_epoch), 0)]
 
 
 def resume_candidates(catalog: Catalog, run: str | None = None) -> list[Commit]:
@@ -195,7 +247,7 @@ def with_commit(catalog: Catalog, commit: Commit, names: Iterable[str]) -> Catal
                      key=Commit.order)
     return Catalog(tuple(commits), catalog.damaged,
                    tuple(d for d in catalog.uncommitted if d != commit.dir),
-                   {**catalog.objects, commit.dir: frozenset(names)})
+                   {**catalog.objects, commit.dir: frozenset(names)}, catalog.generations)
 
 
 def with_uncommitted(catalog: Catalog, d: str) -> Catalog:
@@ -203,18 +255,21 @@ def with_uncommitted(catalog: Catalog, d: str) -> Catalog:
     if d in catalog.uncommitted or any(c.dir == d for c in catalog.commits):
         return catalog
     return Catalog(catalog.commits, catalog.damaged, (*catalog.uncommitted, d),
-                   {**catalog.objects, d: catalog.objects.get(d, frozenset())})
+                   {**catalog.objects, d: catalog.objects.get(d, frozenset())},
+                   catalog.generations)
 
 
 def with_damaged(catalog: Catalog, d: str, why: str) -> Catalog:
     """The catalog once `d` is proven damaged: never a candidate, never deleted by retention."""
     return Catalog(tuple(c for c in catalog.commits if c.dir != d), {**catalog.damaged, d: why},
                    tuple(u for u in catalog.uncommitted if u != d),
-                   {**catalog.objects, d: catalog.objects.get(d, frozenset())})
+                   {**catalog.objects, d: catalog.objects.get(d, frozenset())},
+                   catalog.generations)
 
 
 def without(catalog: Catalog, dirs: Collection[str]) -> Catalog:
-    """The catalog once `dirs` are deleted."""
+    """The catalog once `dirs` (and generation records) are deleted."""
     return Catalog(tuple(c for c in catalog.commits if c.dir not in dirs), catalog.damaged,
                    tuple(d for d in catalog.uncommitted if d not in dirs),
-                   {d: n for d, n in catalog.objects.items() if d not in dirs})
+                   {d: n for d, n in catalog.objects.items() if d not in dirs},
+                   tuple(r for r in catalog.generations if r.dir not in dirs))

@@ -23,6 +23,7 @@ What it promises (catalog.py, read_faults.py):
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -303,8 +304,33 @@ class CheckpointManager:
             emit("checkpoint_fence_unchecked", error=short_error(e))
             return
         if newer is not None:
+            done = "began" if newer.step < 0 else "committed"
             raise CommitFencedError(f"planned out: generation {newer.gen} of this lineage "
-                                    f"committed {newer.dir}; this node's is {gen}")
+                                    f"{done} ({newer.dir}); this node's is {gen}")
+
+    def mark_generation(self, lineage: str, gen: int) -> threading.Thread | None:
+        """Write that this run's `lineage` entered generation `gen` (the world's coordinator,
+        as it enters one), in the background: a node the world planned out, and whose old store
+        still vouches for it, is refused by the bucket before the world's first commit in `gen`
+        exists (catalog.py). A record that cannot be written is told; the commits still fence
+        from the world's first commit on."""
+        if gen <= 0:
+            return None
+        run, storage, seen = self.run, self.storage, self.catalog
+
+        def write() -> None:
+            try:
+                seq = max(self._next_seq, scan(storage, known=seen).next_seq())
+                key = mf.generation_record_key(run, lineage, gen)
+                storage.write(key, mf.build_generation_record(run, lineage, gen, seq))
+            except Exception as e:
+                emit("generation_record_failed", gen=gen, error=short_error(e))
+            else:
+                emit("generation_recorded", gen=gen, seq=seq, uri=join(storage.uri, key))
+
+        thread = threading.Thread(target=write, name="elastrain-generation-record", daemon=True)
+        thread.start()
+        return thread
 
     def apply_retention(self) -> list[str]:
         """Delete what the retention plan allows; returns the deleted directories."""
@@ -313,7 +339,10 @@ class CheckpointManager:
         doomed = cat.plan_retention(self.catalog, self.keep)
         for d in doomed:
             self.storage.delete(cat.deletion_order(self.storage.list(d + "/")))
-        self.catalog = cat.without(self.catalog, doomed)
+        records = cat.superseded_generations(self.catalog)
+        if records:
+            self.storage.delete(records)
+        self.catalog = cat.without(self.catalog, [*doomed, *records])
         return doomed
 
     def _know_catalog(self) -> rf.Failed | None:

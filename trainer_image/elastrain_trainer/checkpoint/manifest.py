@@ -28,6 +28,8 @@ MANIFEST = "manifest.json"
 SIDECAR = "sidecar.json"
 LATEST = "latest"
 QUARANTINED = "QUARANTINED"
+# The root's folder of generation records (build_generation_record).
+GENERATIONS = "generations"
 # step-00000120, or step-00000120.2 for the second directory of that step.
 _STEP_DIR = re.compile(r"^step-(\d{8,})(?:\.([2-9]|[1-9]\d+))?$")
 
@@ -109,6 +111,29 @@ def parse_commit_marker(data: bytes) -> Marker:
                       int(doc.get("gen", 0)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CorruptCheckpointError(f"{COMMIT_MARKER} is not a commit marker ({e})") from None
+
+
+def generation_record_key(run: str, lineage: str, gen: int) -> str:
+    """Where the record of `run`'s `lineage` entering generation `gen` is written."""
+    of = hashlib.sha256(f"{run}\0{lineage}".encode()).hexdigest()[:16]
+    return f"{GENERATIONS}/gen-{gen:08d}-{of}"
+
+
+def build_generation_record(run: str, lineage: str, gen: int, seq: int) -> bytes:
+    """A world's word in the bucket that it entered generation `gen` of `lineage` when the
+    next commit would be numbered `seq` (catalog.py: it fences like a commit of that
+    generation, before the world has committed anything in it)."""
+    return json.dumps({"run": run, "store_epoch": lineage, "gen": gen, "seq": seq}).encode()
+
+
+def parse_generation_record(data: bytes) -> Marker:
+    """The record as a Marker of no step (-1); CorruptCheckpointError for anything else."""
+    try:
+        doc = json.loads(data)
+        return Marker(-1, "", int(doc["seq"]), str(doc["run"]), str(doc["store_epoch"]),
+                      int(doc["gen"]))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CorruptCheckpointError(f"not a generation record ({e})") from None
 
 
 def verify_commit(marker: bytes, manifest: bytes) -> None:

@@ -17,17 +17,27 @@ from elastrain_trainer.events import emit
 
 
 def scan(storage: CheckpointStorage, known: cat.Catalog | None = None) -> cat.Catalog:
-    """List the root and read the commit markers (their sequence numbers order the commits);
-    those of `known`'s commits still listed are taken from it, not read again."""
-    objects = cat.group_keys(storage.list())
-    commits = {c.dir: c for c in known.commits} if known is not None else {}
+    """List the root and read the commit markers (their sequence numbers order the commits)
+    and the generation records; those of `known` still listed are taken from it, not read
+    again."""
+    keys = storage.list()
+    objects = cat.group_keys(keys)
+    commits = {c.dir: c for c in (*known.commits, *known.generations)} \
+        if known is not None else {}
     markers: dict[str, bytes | None] = {}
     for d in cat.marker_dirs(objects, commits):
         try:
             markers[d] = storage.read(join(d, mf.COMMIT_MARKER))
         except FileNotFoundError:
             markers[d] = None  # deleted since the listing
-    return cat.build_catalog(objects, markers, commits)
+    records: dict[str, bytes | None] = {}
+    for key in cat.record_keys(keys, commits):
+        try:
+            records[key] = storage.read(key)
+        except FileNotFoundError:
+            records[key] = None  # superseded and deleted since the listing
+    return cat.build_catalog(objects, markers, commits,
+                             cat.parse_records(records, commits, keys))
 
 
 def read_committed(storage: CheckpointStorage, key: str,

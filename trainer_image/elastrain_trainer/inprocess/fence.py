@@ -62,14 +62,21 @@ class StoreFence:
             self._store = store
         return store.generation()
 
-    def __call__(self) -> tuple[str, int]:
-        """(lineage, generation) for the commit's marker; FencedError refuses the commit."""
-        epoch, plan, stop_gen = self._current()
+    def identity(self) -> tuple[str, int] | None:
+        """(lineage, generation) of the plan this node is in now; None: none."""
+        epoch, plan, _ = self._current()
         if plan is None:
-            raise FencedError("this node is in no generation")
+            return None
         # The lineage, not the store it was made in: generations compare across stores that
         # were replaced and restored (a node dark with its old store commits into another's).
-        mine = plan.lineage or (epoch.text() if epoch is not None else ""), plan.gen
+        return plan.lineage or (epoch.text() if epoch is not None else ""), plan.gen
+
+    def __call__(self) -> tuple[str, int]:
+        """(lineage, generation) for the commit's marker; FencedError refuses the commit."""
+        _, plan, stop_gen = self._current()
+        mine = self.identity()
+        if plan is None or mine is None:
+            raise FencedError("this node is in no generation")
         if self._store_lost():
             return mine
         with self._lock:
