@@ -8,7 +8,7 @@ store pinned to node 1), its worker 2 placed on node 2, the others on node 1.
    step boundary, it takes part and ends (its processes gone from the node, with no kubelet to
    stop them), and the operator counts it once as a failure, force-deletes the pod and creates
    its replacement on node 1 at once: not after the pods' node-loss toleration (the taint
-   manager's eviction would be a preemption), nor the 300 s Kubernetes gives by default. The
+   manager's eviction), nor the 300 s Kubernetes gives by default. The
    orphan never trains beside the world: nothing in the bucket was committed by its generation
    after the world moved on, `latest` names the world's newest commit. Node 2's runtime is
    started again at the end: nothing of the orphan comes back, nothing more is counted.
@@ -129,11 +129,12 @@ def test_1_a_node_whose_runtime_stopped_is_planned_out_then_replaced_on_node_1(
             (r for r in t.logs.events("regroup") if float(r["time"]) > at
              and r.get("node") == replacement and r.get("healed_from")
              and r["world_size"] == 3), None), timeout=180)
-        # Counted once, as a failure (no notice), by the operator's word: not a preemption,
-        # which the taint manager's eviction after the pods' toleration would have been.
+        # Counted once, as a failure (no notice), by the operator's word: not by the taint
+        # manager's eviction after the pods' toleration.
         assert t.counters() == (before[0], before[1] + 1)
         loss = t.status()["recentLosses"][-1]
         assert (loss["pod"], loss["kind"]) == (name, "Failed"), loss
+        assert "DeletionByTaintManager" not in loss["reason"], loss
         assert loss["reason"].startswith(f"node {t.second.name} lost"), loss
         assert "WorkerFailed" in event_reasons(t.k, t.ns, t.job)
         # Force-deleted, while node 2 is still NotReady.
@@ -362,6 +363,7 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     lost_before = max(t.logs.events("regroup"), key=lambda r: float(r["time"]))["lost"]
     # The operator goes dark with the node (item 2: the bound holds for the operator's node).
     dark_operator = t.move_operator(t.second.name)
+    assert pod_processes(dark_operator["metadata"]["uid"]), "the operator's process not found"
     # Worker 2's replacement and the operator's must not be placed on the cut-off node.
     t.hold(t.second.name)
     at = time.time()
@@ -396,11 +398,12 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     finally:
         t.second.heal()
         t.release(t.second.name)
-    # The old operator, back with its node, is ended by its kubelet (its pod was evicted) and
-    # counts nothing twice (lifted_and_fenced reads the counters after it).
-    wait_for("the dark operator's pod gone", lambda: dark_operator["metadata"]["uid"] not in {
-        p["metadata"]["uid"] for p in t.operator_pods()}, timeout=180)
     healed = lifted_and_fenced(t, uid, dark, fail, before, survivors, steps=20)
+    # The old operator, back with its node, is ended by its kubelet (its pod was evicted, at
+    # the same time as the dark worker's processes end) and counted nothing twice meanwhile.
+    wait_for("the dark operator's processes ended",
+             lambda: not pod_processes(dark_operator["metadata"]["uid"]), timeout=120)
+    assert t.counters() == (before[0], before[1] + 1)
     after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
     assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
     # The store: its generation moved on, and no plan since names the dark worker's pod.

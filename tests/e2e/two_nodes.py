@@ -113,8 +113,10 @@ class TwoNodeJob(Training):
         try:
             for uid in old:
                 pod = next(p for p in self.operator_pods() if p["metadata"]["uid"] == uid)
+                # A second of grace, not the chart's 30 s: how it stops is not under test here
+                # (test_preemption.py's scenario 8 kills it mid-recovery).
                 self.k("delete", "pod", pod["metadata"]["name"], "-n", OPERATOR_NAMESPACE,
-                       "--wait=false", check=False)
+                       "--grace-period=1", "--wait=false", check=False)
             moved: dict[str, Any] = wait_for(
                 f"the operator Ready on {node}",
                 lambda: self.operator_ready_on(node, besides=old), timeout=120)

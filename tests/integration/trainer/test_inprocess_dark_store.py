@@ -239,3 +239,8 @@ def test_a_member_dark_with_its_store_is_planned_out_in_the_store_that_replaced_
     assert len(lineages) == 1 and next(iter(lineages)).startswith("found:"), catalog.commits
     assert max(c.gen for c in catalog.commits) >= fail["gen"], catalog.commits
     assert not catalog.damaged, catalog.damaged
+    # The new world's coordinator told the bucket of its generation as it entered it (before
+    # its first commit there, a node its old store still vouched for would be refused).
+    recorded = [n for n in survivors for r in pods.records(n)
+                if r["event"] == "generation_recorded" and r["gen"] == fail["gen"]]
+    assert len(recorded) == 1, [r for r in recs if r["event"].startswith("generation_")]

@@ -98,15 +98,15 @@ class WorldChanges:
         assert ip is not None
         plan, last = ip.member.plan, ip.member.last
         if plan is not None and plan.reason != "start":
-            # The next save re-reads the catalog on every member (a collective: rank 0's view),
-            # so a joiner, which never loaded one, takes part in the same collectives.
-            self.manager.catalog = None
             fence = ip.member.fence
             mine = fence.identity() if fence is not None else None
             if mine is not None and self.denv.is_coordinator:
                 # The bucket learns of the generation before the world commits in it
                 # (checkpoint/catalog.py: a node planned out with its old store is refused).
                 self.manager.mark_generation(*mine)
+            # The next save re-reads the catalog on every member (a collective: rank 0's view),
+            # so a joiner, which never loaded one, takes part in the same collectives.
+            self.manager.catalog = None
         if last is not None and last.healed_from is not None:
             self._resumed = self.step
         assert plan is not None
