@@ -140,6 +140,19 @@ class TwoNodeJob(Training):
         return pod
 
 
+def save_operator_logs(t: TwoNodeJob, into: Path) -> None:
+    """The live operator pods' logs beside the workers' (what it decided, when a scenario
+    fails); a pod on a node that cannot be reached is skipped."""
+    into.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(Exception):
+        for pod in t.operator_pods():
+            name = pod["metadata"]["name"]
+            with contextlib.suppress(Exception):
+                done = t.k("logs", name, "-n", OPERATOR_NAMESPACE, "--timestamps",
+                           check=False, timeout=30)
+                (into / f"operator-{name}.log").write_text(done.stdout)
+
+
 def pod_processes(uid: str) -> list[int]:
     """PIDs of the trainer's processes (python: the launcher and its worker) in the pod's
     cgroup (either node: cgroupfs names it pod<uid>), read from the host's /proc: what still
@@ -234,6 +247,7 @@ def job_on_two_nodes(operator: NodeCluster, namespace_pool: NamespacePool, job: 
                 t.put_worker_2_on_node_2()
                 yield t
             finally:
+                save_operator_logs(t, ARTIFACTS / job)
                 for name in (NODE_1, second.name):
                     t.release(name)
                     k("label", "node", name, f"{STORE_NODE}-", check=False)
