@@ -82,6 +82,19 @@ class Answers:
         return self.lineage, self.gen
 
 
+def dark_and_world(root: Path, first: int, *, keep: tuple[int, int]
+                   ) -> tuple[LocalStorage, CheckpointManager, CheckpointManager]:
+    """One root; a dark writer whose old store vouches for generation 21, which committed
+    step `first`, and the world's writer in generation 22 of the same lineage (`keep`: theirs)."""
+    storage = LocalStorage(root / "ckpt")
+    dark = CheckpointManager(storage, keep=keep[0], async_save=False, run="r",
+                             fence=Answers("found:a:1", 21))
+    dark.save(SaveRequest(first, state(first)))
+    world = CheckpointManager(storage, keep=keep[1], async_save=False, run="r",
+                              fence=Answers("found:a:1", 22))
+    return storage, dark, world
+
+
 def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_committed_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The dark node's store answers for its generation 21; the world went on in another store
@@ -89,12 +102,7 @@ def test_a_writer_its_old_store_still_vouches_for_is_refused_once_its_world_comm
     past: its save of the step the world committed is not written into the world's directory,
     and its save of another step is refused at the commit: no marker, `latest` the world's,
     its retention deletes nothing, and the world's checkpoint loads."""
-    storage = LocalStorage(tmp_path / "ckpt")
-    dark = CheckpointManager(storage, keep=1, async_save=False, run="r",
-                             fence=Answers("found:a:1", 21))
-    dark.save(SaveRequest(360, state(360)))
-    world = CheckpointManager(storage, keep=2, async_save=False, run="r",
-                              fence=Answers("found:a:1", 22))
+    storage, dark, world = dark_and_world(tmp_path, 360, keep=(1, 2))
     world.save(SaveRequest(370, state(370)))
     assert world.failed_saves == 0
     dark.save(SaveRequest(370, state(-1)))  # its stop save, after the heal: the world's step
@@ -167,12 +175,7 @@ def test_a_generation_record_refuses_a_stale_writer_before_the_world_commits_in_
     the dark node, its old store still vouching for 21, makes its stop save. The world's
     record of entering 22 refuses it: no marker, `latest` unmoved. The world's own commit in 22
     goes in, and supersedes the record, which retention then deletes."""
-    storage = LocalStorage(tmp_path / "ckpt")
-    dark = CheckpointManager(storage, keep=3, async_save=False, run="r",
-                             fence=Answers("found:a:1", 21))
-    dark.save(SaveRequest(420, state(420)))
-    world = CheckpointManager(storage, keep=3, async_save=False, run="r",
-                              fence=Answers("found:a:1", 22))
+    storage, dark, world = dark_and_world(tmp_path, 420, keep=(3, 3))
     marked = world.mark_generation("found:a:1", 22)
     assert marked is not None
     marked.join(timeout=30)
