@@ -65,16 +65,12 @@ class StoreFence:
     def identity(self) -> tuple[str, int] | None:
         """(lineage, generation) of the plan this node is in now; None: none."""
         epoch, plan, _ = self._current()
-        if plan is None:
-            return None
-        # The lineage, not the store it was made in: generations compare across stores that
-        # were replaced and restored (a node dark with its old store commits into another's).
-        return plan.lineage or (epoch.text() if epoch is not None else ""), plan.gen
+        return _identity(epoch, plan)
 
     def __call__(self) -> tuple[str, int]:
         """(lineage, generation) for the commit's marker; FencedError refuses the commit."""
-        _, plan, stop_gen = self._current()
-        mine = self.identity()
+        epoch, plan, stop_gen = self._current()  # one snapshot: the plan may change meanwhile
+        mine = _identity(epoch, plan)
         if plan is None or mine is None:
             raise FencedError("this node is in no generation")
         if self._store_lost():
@@ -89,3 +85,11 @@ class StoreFence:
             raise FencedError(f"planned out: generation {current} is the world's, this node's "
                               f"is {plan.gen}")
         return mine
+
+
+def _identity(epoch: Epoch | None, plan: Plan | None) -> tuple[str, int] | None:
+    if plan is None:
+        return None
+    # The lineage, not the store it was made in: generations compare across stores that were
+    # replaced and restored (a node dark with its old store commits into another's).
+    return plan.lineage or (epoch.text() if epoch is not None else ""), plan.gen
