@@ -73,6 +73,7 @@ from elastrain_trainer.session.process import (
     init_distributed,
     note_peer_loss,
     process,
+    record_group_generation,
     run,
     training_ended,
 )
@@ -261,6 +262,8 @@ class Session(WorldChanges):
             if process.inprocess is not None:
                 self._settle()  # the first generation: DDP at its world (rank 0's broadcast)
         if process.inprocess is None:
+            if self.denv.is_coordinator:
+                record_group_generation(self.manager)
             self._enter_world()
         self._started, self._train_s = time.monotonic(), 0.0
         self._entered = True

@@ -133,3 +133,8 @@ def test_a_frozen_node_restarts_the_group_by_the_heartbeat_and_commits_nothing_w
     assert (root / "latest").read_text() == catalog.newest.dir
     gens = [c.gen for c in catalog.commits]
     assert gens == sorted(gens) and min(gens) >= 2, catalog.commits
+    # Each group's coordinator told the bucket of its generation before committing in it
+    # (session.process.record_group_generation), all in the store's one lineage.
+    recorded = {r["gen"] for r in recs if r["event"] == "generation_recorded"}
+    assert set(gens) <= recorded, (sorted(recorded), gens)
+    assert len({c.store_epoch for c in catalog.commits}) == 1, catalog.commits

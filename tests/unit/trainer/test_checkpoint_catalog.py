@@ -186,3 +186,23 @@ def test_a_generation_record_fences_an_older_generations_commit_numbered_at_or_a
     newer = cat.with_commit(catalog, cat.Commit("step-00000050", 50, 7, "r", "L", 22), ["x"])
     assert cat.superseded_generations(newer) == [record]
     assert cat.without(newer, [record]).generations == ()
+
+
+def test_a_runs_line_is_its_newest_commits_or_records_lineage_at_its_highest_generation(
+        ) -> None:
+    """What a Restart-mode group on a new store continues (session.restart_fence): the lineage
+    of the run's newest commit or record in commit order (not its highest generation number:
+    an old store's line can have gone higher), at that lineage's highest generation; other
+    runs, and markers made in no generation, are no line."""
+    def commit(d: str, seq: int, lineage: str, gen: int, run: str = "r") -> cat.Commit:
+        return cat.Commit(d, mf.parse_step_dir(d) or 0, seq, run, lineage, gen)
+
+    catalog = cat.Catalog((commit("step-00000010", 1, "", 0),))
+    assert cat.line_of(catalog, "r") is None
+    catalog = cat.Catalog((commit("step-00000010", 1, "", 0), commit("step-00000020", 2, "A", 9),
+                           commit("step-00000030", 3, "B", 2), commit("step-00000040", 4, "A", 3),
+                           commit("step-00000050", 5, "C", 40, run="other")))
+    assert cat.line_of(catalog, "r") == ("A", 9)
+    assert cat.line_of(catalog, "other") == ("C", 40)
+    record = cat.Commit(mf.generation_record_key("r", "B", 5), -1, 5, "r", "B", 5)
+    assert cat.line_of(cat.Catalog(catalog.commits, generations=(record,)), "r") == ("B", 5)

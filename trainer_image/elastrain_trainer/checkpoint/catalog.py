@@ -197,6 +197,17 @@ def outrun_by(catalog: Catalog, run: str, lineage: str, gen: int) -> Commit | No
                  if c.run == run and c.store_epoch == lineage and c.gen > gen), None)
 
 
+def line_of(catalog: Catalog, run: str) -> tuple[str, int] | None:
+    """(lineage, highest generation) of `run`'s newest commit or generation record, in commit
+    order: the line a Restart-mode group on a new store continues (session.restart_fence);
+    None: `run` has none made in a generation."""
+    made = [c for c in (*catalog.commits, *catalog.generations) if c.run == run and c.gen > 0]
+    if not made:
+        return None
+    lineage = max(made, key=Commit.order).store_epoch
+    return lineage, max(c.gen for c in made if c.store_epoch == lineage)
+
+
 def superseded_generations(catalog: Catalog) -> list[str]:
     """Generation records whose lineage has since committed in their generation or a newer
     one: that commit fences what the record did (its sequence number is the record's or

@@ -13,8 +13,11 @@ import torch
 import torch.distributed as dist
 
 from elastrain_trainer import faults
-from elastrain_trainer.checkpoint.manager import Fence
+from elastrain_trainer.checkpoint import catalog as cat
+from elastrain_trainer.checkpoint.manager import CheckpointManager, Fence
+from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.config import TrainerConfig
+from elastrain_trainer.events import emit
 from elastrain_trainer.faults import guard_main
 from elastrain_trainer.inprocess.config import read_inprocess_config
 from elastrain_trainer.inprocess.session import InProcessRuntime
@@ -133,6 +136,24 @@ def checkpoint_fence() -> Fence | None:
     if process.inprocess is not None:
         return process.inprocess.member.fence
     return process.dark_peers.fence if process.dark_peers is not None else None
+
+
+def record_group_generation(manager: CheckpointManager) -> None:
+    """Restart mode, the worker group's coordinator once its checkpoint root is read: the
+    group's lineage and generation (session.restart_fence's `found`: a new store continues the
+    bucket's line), and the bucket told of the generation before the group commits in it
+    (manager.mark_generation), as an in-process world's coordinator tells it at a regroup."""
+    fence = process.dark_peers.fence if process.dark_peers is not None else None
+    if fence is None or process.inprocess is not None:
+        return
+    try:
+        lineage, gen = fence.found(
+            lambda: cat.line_of(manager.catalog or scan(manager.storage), manager.run))
+    except Exception as e:  # the group keeps its store's incarnation as its lineage
+        emit("generation_unfounded", error=str(e)[:200],
+             note="this group's commits are compared only with its own store's groups")
+        return
+    manager.mark_generation(lineage, gen)
 
 
 def training_ended() -> None:
