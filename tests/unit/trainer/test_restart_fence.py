@@ -33,7 +33,7 @@ def a_store() -> tuple[TCPStore, int]:
 
 def client(port: int) -> Callable[[], MembershipStore]:
     return lambda: MembershipStore.connect("127.0.0.1", port, STORE_RUN,
-                                           connect_within=timedelta(seconds=2))
+                                           connect_within=timedelta(seconds=20))
 
 
 def test_a_group_commits_while_newest_and_is_refused_once_a_group_formed_without_it() -> None:

@@ -50,6 +50,7 @@ from elastrain_trainer.checkpoint.dcp_io import (
     short_error,
 )
 from elastrain_trainer.checkpoint.diagnose import StorageProblem, diagnose
+from elastrain_trainer.checkpoint.generations import Fence, check_not_outrun, record_generation
 from elastrain_trainer.checkpoint.root import quarantine, read_committed, scan
 from elastrain_trainer.checkpoint.storage import CheckpointStorage, join
 from elastrain_trainer.events import emit
@@ -62,17 +63,6 @@ class SaveRequest:
     step: int
     state: dict[str, Any]
     sidecar: dict[str, Any] = field(default_factory=dict)
-
-
-# Called on the coordinator right before a commit: (store epoch, generation) of the world that
-# makes it, recorded in its marker (catalog.py compares them); an exception says why this
-# process may not commit (the world moved on without it) and refuses the commit.
-Fence = Callable[[], tuple[str, int]]
-
-
-class CommitFencedError(RuntimeError):
-    """A newer generation of this writer's lineage has committed: the world moved on without
-    this node, and what it saved must not be committed."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +257,7 @@ class CheckpointManager:
         # through: the catalog fences such a commit on read.
         try:
             store_epoch, gen = self.fence() if self.fence is not None else ("", 0)
-            self._check_bucket_fence(store_epoch, gen)
+            check_not_outrun(self.storage, self.catalog, self.run, store_epoch, gen)
         except Exception as e:
             self._fenced[key] = e
             raise
@@ -288,49 +278,11 @@ class CheckpointManager:
         except Exception as e:  # committed all the same; the next commit deletes what is left
             emit("checkpoint_retention_failed", step=req.step, error=short_error(e))
 
-    def _check_bucket_fence(self, lineage: str, gen: int) -> None:
-        """The store's answer can come from the wrong store: one replaced while this node was
-        cut off with it still answers for the generation it knew (e2e scenario 6). The bucket
-        is the one place both sides write, so a newer generation's commit there refuses this
-        one. A root that cannot be listed lets it through (the store's rule for a lost store:
-        a world must keep committing); the catalog fences it on read if it was stale.
-        One LIST per commit, and only the markers this manager has not read yet: a root that
-        keeps a hundred commits costs no hundred reads on every commit."""
-        if gen <= 0:
-            return
-        try:
-            newer = cat.outrun_by(scan(self.storage, known=self.catalog), self.run, lineage, gen)
-        except Exception as e:  # a flaky store; the read-side rule still holds
-            emit("checkpoint_fence_unchecked", error=short_error(e))
-            return
-        if newer is not None:
-            done = "began" if newer.step < 0 else "committed"
-            raise CommitFencedError(f"planned out: generation {newer.gen} of this lineage "
-                                    f"{done} ({newer.dir}); this node's is {gen}")
-
     def mark_generation(self, lineage: str, gen: int) -> threading.Thread | None:
-        """Write that this run's `lineage` entered generation `gen` (the world's coordinator,
-        as it enters one), in the background: a node the world planned out, and whose old store
-        still vouches for it, is refused by the bucket before the world's first commit in `gen`
-        exists (catalog.py). A record that cannot be written is told; the commits still fence
-        from the world's first commit on."""
-        if gen <= 0:
-            return None
-        run, storage, seen = self.run, self.storage, self.catalog
-
-        def write() -> None:
-            try:
-                seq = max(self._next_seq, scan(storage, known=seen).next_seq())
-                key = mf.generation_record_key(run, lineage, gen)
-                storage.write(key, mf.build_generation_record(run, lineage, gen, seq))
-            except Exception as e:
-                emit("generation_record_failed", gen=gen, error=short_error(e))
-            else:
-                emit("generation_recorded", gen=gen, seq=seq, uri=join(storage.uri, key))
-
-        thread = threading.Thread(target=write, name="elastrain-generation-record", daemon=True)
-        thread.start()
-        return thread
+        """Tell the bucket this run's `lineage` entered generation `gen` (the world's
+        coordinator, as it enters one; generations.record_generation)."""
+        return record_generation(self.storage, self.catalog, self.run, lineage, gen,
+                                 self._next_seq)
 
     def apply_retention(self) -> list[str]:
         """Delete what the retention plan allows; returns the deleted directories."""

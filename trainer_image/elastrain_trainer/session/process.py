@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from elastrain_trainer import faults
 from elastrain_trainer.checkpoint import catalog as cat
-from elastrain_trainer.checkpoint.manager import CheckpointManager, Fence
+from elastrain_trainer.checkpoint.generations import Fence
+from elastrain_trainer.checkpoint.manager import CheckpointManager
 from elastrain_trainer.checkpoint.root import scan
 from elastrain_trainer.config import TrainerConfig
 from elastrain_trainer.events import emit
