@@ -68,6 +68,7 @@ import pytest
 
 from tests.e2e.conftest import NamespacePool, NodeCluster
 from tests.e2e.support import (
+    ARTIFACTS,
     INPROCESS,
     Incarnation,
     Training,
@@ -85,6 +86,7 @@ from tests.e2e.two_nodes import (
     NODE_1,
     TwoNodeJob,
     commits,
+    ended_after_heal,
     job_on_two_nodes,
     node_ready,
     pod_processes,
@@ -401,8 +403,9 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     healed = lifted_and_fenced(t, uid, dark, fail, before, survivors, steps=20)
     # The old operator, back with its node, is ended by its kubelet (its pod was evicted, at
     # the same time as the dark worker's processes end) and counted nothing twice meanwhile.
-    wait_for("the dark operator's processes ended",
-             lambda: not pod_processes(dark_operator["metadata"]["uid"]), timeout=120)
+    operator_end_s = ended_after_heal(dark_operator["metadata"]["uid"],
+                                      dark_operator["metadata"]["name"], ARTIFACTS / t.job,
+                                      timeout=120)
     assert t.counters() == (before[0], before[1] + 1)
     after = [r for r in t.logs.events("step") if float(r["time"]) > float(joined["time"])]
     assert {r["world_size"] for r in after} == {3}, sorted({r["world_size"] for r in after})
@@ -414,7 +417,8 @@ def test_3_a_partitioned_worker_is_replaced_and_stays_fenced_when_the_partition_
     record_recovery("34-partition", float(joined["time"]) - at, mode=INPROCESS, pod=dark,
                     world_2_after_s=round(float(fail["time"]) - at, 1),
                     operator_back_s=round(operator_back - at, 1),
-                    ended_after_heal_s=round(time.time() - healed, 1))
+                    ended_after_heal_s=round(time.time() - healed, 1),
+                    operator_ended_s=round(operator_end_s, 1))
     print(f"{dark} partitioned with the operator ({operator['metadata']['name']} back on node 1 "
           f"after {operator_back - at:.1f} s): world 2 after {float(fail['time']) - at:.1f} s, "
           f"{replacement} in the world after {float(joined['time']) - at:.1f} s")
@@ -652,7 +656,7 @@ def lifted_and_fenced(t: TwoNodeJob, uid: str, dark: str, fail: dict[str, Any],
     failure counted, no survivor restarted; the bucket holds no commit of its generation after
     the world moved on, none fenced, `latest` the world's newest. Returns when it lifted."""
     healed = time.time()
-    wait_for("the dark worker's processes ended", lambda: not pod_processes(uid), timeout=180)
+    ended_after_heal(uid, dark, ARTIFACTS / t.job, timeout=180)
     wait_for(f"{steps} steps after the heal", lambda: len(
         [r for r in t.logs.events("step") if float(r["time"]) > healed]) >= steps, timeout=120)
     assert not [r for r in t.logs.events("step") if r["pod"] == dark

@@ -169,6 +169,55 @@ def pod_processes(uid: str) -> list[int]:
     return found
 
 
+def ended_after_heal(uid: str, pod: str, into: Path, timeout: float) -> float:
+    """Wait for the pod's processes to end after its node came back (wait_for's failure if
+    they do not); returns how long it took. What they were doing meanwhile goes to
+    `into`/<pod>-after-heal.txt: each change in which of them run (and in what state), and the
+    last of the trainer's log as its node's runtime writes it (the log collector cannot follow
+    a pod that the API has deleted), so a slow end says where it waited."""
+    start, last, lines, log = time.time(), None, [], ""
+    with contextlib.suppress(OSError):
+        into.mkdir(parents=True, exist_ok=True)
+
+    def seen() -> bool:
+        nonlocal last, log
+        pids = pod_processes(uid)
+        now = sorted(_describe(pid) for pid in pids)
+        if now != last:
+            lines.append(f"+{time.time() - start:.1f} s: " + ("; ".join(now) or "none"))
+            last = now
+        log = _container_log(uid) or log
+        return not pids
+
+    try:
+        wait_for(f"{pod}'s processes ended", seen, timeout=timeout)
+    finally:
+        with contextlib.suppress(OSError):
+            (into / f"{pod}-after-heal.txt").write_text("\n".join(lines) + "\n--- log\n" + log)
+    return time.time() - start
+
+
+def _describe(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return f"{pid} {state} {argv[:100]}"
+    return f"{pid} gone"
+
+
+def _container_log(uid: str) -> str:
+    """The tail of the pod's container log, read through whichever node's containerd holds it
+    (node 2's mount namespace has a /var/log/pods of its own)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if not entry.name.isdigit() or \
+                    not (entry / "cmdline").read_bytes().startswith(b"/usr/bin/containerd\0"):
+                continue
+            for log in sorted((entry / "root/var/log/pods").glob(f"*_{uid}/*/*.log")):
+                return "\n".join(log.read_text().splitlines()[-40:])
+    return ""
+
+
 def node_ready(t: TwoNodeJob, name: str) -> bool:
     node = t.k.json("get", "node", name)
     return any(c["type"] == "Ready" and c["status"] == "True"
