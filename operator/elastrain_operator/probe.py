@@ -23,11 +23,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from elastrain_operator.model.spec import TrainingJobSpec
 from elastrain_operator.model.status import TrainingJobStatus
-from elastrain_operator.policy.failures import WorkerPod, answers_progress
+from elastrain_operator.policy.failures import WorkerPod, answers_progress, aware_time
 from elastrain_operator.policy.progress import ProgressReport, parse_progress
+from elastrain_operator.policy.stale import lost_under
 
 log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 1.0
@@ -121,7 +123,10 @@ def told_moving(status: TrainingJobStatus) -> tuple[str, ...]:
     return tuple(s.moving_from for s in status.slots if s.moving_from)
 
 
-def told_lost(workers: Sequence[WorkerPod], lost_nodes: Mapping[str, str]) -> tuple[str, ...]:
+def told_lost(workers: Sequence[WorkerPod], lost_nodes: Mapping[str, str],
+              lost_since: Mapping[str, datetime] | None = None) -> tuple[str, ...]:
     """The pods a poll tells the trainers are on a lost node (policy.replace: the world asks
-    them to leave before the operator replaces them)."""
-    return tuple(w.name for w in workers if w.node and w.node in lost_nodes)
+    them to leave before the operator replaces them); not one created since its node's loss
+    began (policy.stale.lost_under)."""
+    return tuple(w.name for w in workers
+                 if lost_under(aware_time(w.created), w.node, lost_nodes, lost_since or {}))

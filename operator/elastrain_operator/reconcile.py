@@ -103,7 +103,8 @@ def with_notices(observed: Observed, options: Options) -> Observed:
     nodes = {w.node for w in observed.workers if w.node}
     store = {observed.store.node} if observed.store is not None and observed.store.node else set()
     return replace(observed, notices=options.notices.of(nodes),
-                   lost_nodes=options.notices.lost_of(nodes | store))
+                   lost_nodes=options.notices.lost_of(nodes | store),
+                   lost_since=options.notices.lost_since_of(nodes | store))
 
 
 def with_kueue(observed: Observed, job: TrainingJob, options: Options,
@@ -147,7 +148,7 @@ def needs_round(cache: Cache, key: Key, options: Options) -> tuple[bool, Options
         observed = replace(observed, progress=poll_progress(
             observed.workers, spec.metrics_port, told_replicas(spec, cached.job.status),
             token=control_token(options, cached.job), moving=told_moving(cached.job.status),
-            lost=told_lost(observed.workers, observed.lost_nodes)))
+            lost=told_lost(observed.workers, observed.lost_nodes, observed.lost_since)))
         options = replace(options, progress=observed.progress, poll_progress=False)
     if has_work(plan(cached.job, observed, now=now, network=options.network), cached.job,
                 children.orphans):
@@ -278,7 +279,7 @@ def _tell_new_moves(job: TrainingJob, status: TrainingJobStatus, observed: Obser
     if token is not None and set(moving) - set(told_moving(job.status)):
         poll_progress(observed.workers, job.spec.metrics_port,
                       told_replicas(job.spec, status), token=token, moving=moving,
-                      lost=told_lost(observed.workers, observed.lost_nodes))
+                      lost=told_lost(observed.workers, observed.lost_nodes, observed.lost_since))
 
 
 def _apply_workload(kube: Kube, job: TrainingJob, p: Plan, observed: Observed) -> None:

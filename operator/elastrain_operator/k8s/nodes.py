@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from elastrain_operator.k8s.client import Kube, KubeError
 from elastrain_operator.policy.notices import DEFAULT_NOTICE_TAINTS, node_notice
-from elastrain_operator.policy.stale import node_lost
+from elastrain_operator.policy.stale import node_lost, node_lost_since
 
 
 class NodeNotices:
@@ -27,6 +28,7 @@ class NodeNotices:
         self._lock = threading.Lock()
         self._said: dict[str, str] = {}
         self._lost: dict[str, str] = {}
+        self._since: dict[str, datetime] = {}  # when each lost node's loss began, if it says
 
     def put(self, node: Mapping[str, Any]) -> bool:
         """A node's watch event; whether what it says changed."""
@@ -35,11 +37,18 @@ class NodeNotices:
             return False
         with self._lock:
             said = _set(self._said, name, node_notice(node, self.taints))
-            return _set(self._lost, name, node_lost(node)) or said
+            lost = node_lost(node)
+            since = node_lost_since(node) if lost is not None else None
+            if since is None:
+                self._since.pop(name, None)
+            else:
+                self._since[name] = since
+            return _set(self._lost, name, lost) or said
 
     def remove(self, name: str) -> bool:
         with self._lock:
             said = _set(self._said, name, None)
+            self._since.pop(name, None)
             return _set(self._lost, name, None) or said
 
     def of(self, nodes: Iterable[str]) -> dict[str, str]:
@@ -51,6 +60,11 @@ class NodeNotices:
         """The lost nodes among `nodes`, with why."""
         with self._lock:
             return {n: self._lost[n] for n in nodes if n in self._lost}
+
+    def lost_since_of(self, nodes: Iterable[str]) -> dict[str, datetime]:
+        """When the loss of each lost node among `nodes` began (policy.stale.lost_under)."""
+        with self._lock:
+            return {n: self._since[n] for n in nodes if n in self._since}
 
 
 def _set(known: dict[str, str], name: str, value: str | None) -> bool:

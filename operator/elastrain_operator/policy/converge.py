@@ -20,7 +20,7 @@ from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import WorkerSlot
 from elastrain_operator.policy.failures import Exit, classify_pod_exit
 from elastrain_operator.policy.round import Observed, Round, current_pods
-from elastrain_operator.policy.stale import Removal, removal
+from elastrain_operator.policy.stale import Removal, lost_under, removal
 from elastrain_operator.policy.status import EventSpec
 from elastrain_operator.policy.store import StorePod, store_hold, unheard_for
 from elastrain_operator.render.network import MetricsPeers, render_network_policy
@@ -103,8 +103,9 @@ def converge(r: Round, job: TrainingJob, observed: Observed, *, pods: int,
         unheard_on = r.acct.store.unheard_on if r.acct.store is not None else None
         r.create.append(render_store_pod(job, avoid=unheard_on or ""))
         created = True
-    elif store is not None and store.node in observed.lost_nodes:
-        _replace_lost_store(r, store, name, observed.lost_nodes[store.node])
+    elif store is not None and (lost := lost_under(store.created, store.node,
+                                                    observed.lost_nodes, observed.lost_since)):
+        _replace_lost_store(r, store, name, lost)
     elif store is not None and job.spec.in_process and (unheard := unheard_for(
             observed.progress, store, r.acct.store, job.spec.recovery.heartbeat_timeout_seconds,
             now=now)) is not None:

@@ -42,11 +42,12 @@ from datetime import datetime
 from elastrain_operator.model import conditions as c
 from elastrain_operator.model.spec import TrainingJob
 from elastrain_operator.model.status import TrainingJobStatus, WorkerLoss, WorkerSlot
-from elastrain_operator.policy.failures import Exit, WorkerPod, classify_pod_exit
+from elastrain_operator.policy.failures import Exit, WorkerPod, aware_time, classify_pod_exit
 from elastrain_operator.policy.hang import progressing_again, stalled_seconds
 from elastrain_operator.policy.progress import ProgressReport
 from elastrain_operator.policy.restarts import backoff_until
 from elastrain_operator.policy.round import MAX_RECENT_LOSSES, Observed, Round, current_pods
+from elastrain_operator.policy.stale import lost_under
 from elastrain_operator.policy.status import (
     EventSpec,
     find_condition,
@@ -92,7 +93,8 @@ def replace_planned_out(r: Round, job: TrainingJob, observed: Observed,
         if index >= pods or pod.deleting or classify_pod_exit(pod) not in (Exit.RUNNING,
                                                                            Exit.PENDING):
             continue
-        lost = observed.lost_nodes.get(pod.node)
+        lost = lost_under(aware_time(pod.created), pod.node, observed.lost_nodes,
+                          observed.lost_since)
         if since.get(pod.name, 0.0) >= grace:
             by = ("planned out by the in-process world" if job.spec.in_process
                   else "left out of the re-formed worker group")

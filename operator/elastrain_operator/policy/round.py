@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from elastrain_operator.model.status import TrainingJobStatus, TrainingRecovery, WorkerSlot
 from elastrain_operator.policy.failures import WorkerPod
@@ -36,6 +37,7 @@ class Observed:
     # Nodes that will not confirm their pods' end (policy.stale): node -> why; the job's
     # workers' nodes only, empty where the operator reads no nodes.
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
+    lost_since: Mapping[str, datetime] = field(default_factory=dict)  # node -> its loss began
     kueue: KueueView | None = None  # the job's Kueue Workload and queue; None: not queued
 
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from elastrain_operator.policy.failures import WorkerPod
+from elastrain_operator.policy.failures import WorkerPod, aware_time
 from elastrain_operator.render.node_loss import NODE_LOSS_TAINTS
 
 # After the grace period a kubelet kills what is left at once and confirms within seconds.
@@ -46,6 +46,35 @@ def node_lost(node: Mapping[str, Any]) -> str | None:
         return None
     reason = ready.get("reason")
     return f"Ready={ready.get('status')}" + (f" ({reason})" if reason else "")
+
+
+def node_lost_since(node: Mapping[str, Any]) -> datetime | None:
+    """When a lost node's loss began, as the Node says: its node-loss NoExecute taint's
+    timeAdded, else its Ready condition's lastTransitionTime; None when it does not say."""
+    for taint in (node.get("spec") or {}).get("taints") or ():
+        if taint.get("key") in NODE_LOSS_TAINTS and taint.get("effect") == "NoExecute":
+            return aware_time(taint.get("timeAdded"))
+    ready = next((cond for cond in (node.get("status") or {}).get("conditions") or ()
+                  if cond.get("type") == "Ready"), None)
+    return aware_time(ready.get("lastTransitionTime")) if ready is not None else None
+
+
+def lost_under(created: datetime | None, node: str, lost_nodes: Mapping[str, str],
+               lost_since: Mapping[str, datetime]) -> str | None:
+    """Why `node` is lost for a pod of it created at `created`, or None. A pod created after
+    the node's loss began never ran there before it: it was placed on it in the moment the
+    node's marks and the scheduler's view of them disagree (a node marked NotReady while it
+    comes back, its kubelet late to renew after a partition lifts: the node controller's
+    NoSchedule and NoExecute taints are set and cleared apart). Doomed as on a lost node, each
+    such pod would be counted a failure and replaced at once, onto the same node, until
+    maxRestarts ran out (seen on the two nodes: four in two seconds, the job Failed); it is
+    left to start, or to the taint manager's eviction once its toleration runs out if the
+    node stays lost."""
+    why = lost_nodes.get(node) if node else None
+    began = lost_since.get(node) if why is not None else None
+    if why is None or (began is not None and created is not None and created > began):
+        return None
+    return why
 
 
 def removal(pod: WorkerPod, lost_nodes: Mapping[str, str], now: datetime) -> Removal | None:

@@ -45,7 +45,8 @@ class World:
         return TrainingJob.model_validate(self.job)
 
     def observe(self, progress: Any = None, notices: Any = None,
-                notices_off: str = "", lost_nodes: Any = None) -> Observed:
+                notices_off: str = "", lost_nodes: Any = None,
+                lost_since: Any = None) -> Observed:
         workers = [read_worker_pod(p, WORKER_FINALIZER) for p in self.pods.values()
                    if p["metadata"]["labels"]["elastrain.dev/role"] == "worker"]
         store = self.pods.get("demo-rdzv")
@@ -53,7 +54,7 @@ class World:
             workers=tuple(w for w in workers if w is not None),
             store=None if store is None else read_store_pod(store),
             services=frozenset(self.services), progress=progress, notices=notices or {},
-            notices_off=notices_off, lost_nodes=lost_nodes or {})
+            notices_off=notices_off, lost_nodes=lost_nodes or {}, lost_since=lost_since or {})
 
     def plan(self, now: datetime, **kw: Any) -> Plan:
         return plan(self.parsed(), self.observe(**kw), now=now)

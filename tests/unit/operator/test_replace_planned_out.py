@@ -202,3 +202,33 @@ def test_a_pod_the_taint_manager_evicted_from_a_lost_node_is_a_failure_not_a_pre
     p = w.reconcile(now + timedelta(seconds=2), lost_nodes=lost)
     assert p.counted_preemptions == 1 and not p.counted_restarts
     assert w.job["status"]["recentLosses"][-1]["kind"] == "Preempted"
+
+
+def test_a_pod_created_after_its_nodes_loss_began_is_left_to_start_not_doomed_at_once() -> None:
+    """Seen on the two nodes (full e2e at f8605b6, scenario 6's set-up): node 2 was marked
+    NotReady just after a partition lifted (its kubelet late to renew its lease) while worker
+    2's new pod was joining there. In no world yet, the pod was doomed as on a lost node; its
+    replacement went to node 2 again and was doomed again: four failures in two seconds and
+    the job Failed (maxRestarts 6). A pod created after its node's loss began never ran there
+    before it: not counted, not told lost, not replaced (the taint manager evicts it if the
+    node stays lost). One created before the loss began is still replaced, in both modes."""
+    from elastrain_operator.probe import told_lost
+
+    for mode in ("InProcess", "Restart"):
+        w = running_world(recovery={"mode": mode})
+        lost = {"node-2": "taint node.kubernetes.io/unreachable"}
+        joining = w.workers()[:2]  # worker 2 (created at T0 + 1 s) joins: in no world yet
+        now = T0 + timedelta(seconds=30)
+        before = {"node-2": T0 - timedelta(seconds=5)}  # its node was marked lost already
+        for at in range(3):
+            p = w.reconcile(now + timedelta(seconds=at), progress=(in_world(*joining),),
+                            lost_nodes=lost, lost_since=before)
+            assert not p.counted_restarts and not p.force_delete_pods, (mode, p)
+        assert w.workers()[2] == "demo-worker-2-0" and w.job["status"]["restarts"] == 0
+        observed = w.observe(lost_nodes=lost, lost_since=before)
+        assert told_lost(observed.workers, observed.lost_nodes, observed.lost_since) == ()
+        # Its node's loss began after it was created: it may have run there; replaced once.
+        after = {"node-2": T0 + timedelta(seconds=20)}
+        p = w.reconcile(now + timedelta(seconds=5), progress=(in_world(*joining),),
+                        lost_nodes=lost, lost_since=after)
+        assert p.counted_restarts == 1 and p.force_delete_pods == ("demo-worker-2-0",), mode

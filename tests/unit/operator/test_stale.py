@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 from elastrain_operator.k8s.nodes import NodeNotices
 from elastrain_operator.model.names import LABEL_ATTEMPT, LABEL_INDEX
 from elastrain_operator.policy.failures import WorkerPod, read_worker_pod
-from elastrain_operator.policy.stale import OVERDUE_SECONDS, Removal, node_lost, removal
+from elastrain_operator.policy.stale import (
+    OVERDUE_SECONDS,
+    Removal,
+    lost_under,
+    node_lost,
+    node_lost_since,
+    removal,
+)
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -32,6 +39,30 @@ def test_a_node_is_lost_when_not_ready_or_tainted_by_the_node_controller() -> No
     # The NoSchedule twin comes with any new node; only the NoExecute one says it is gone.
     assert node_lost(node(taints=("node.kubernetes.io/not-ready",), effect="NoSchedule")) is None
     assert node_lost(node(taints=("karpenter.sh/disrupted",))) is None
+
+
+def test_a_lost_nodes_loss_began_when_its_taint_was_added_else_when_it_went_not_ready(
+        ) -> None:
+    tainted = node(ready="Unknown", taints=("node.kubernetes.io/unreachable",))
+    tainted["spec"]["taints"][0]["timeAdded"] = "2026-01-01T11:59:00Z"  # type: ignore[index]
+    tainted["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T11:58:50Z"  # type: ignore[index]
+    assert node_lost_since(tainted) == NOW - timedelta(seconds=60)
+    untainted = node(ready="False")
+    untainted["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T11:58:50Z"  # type: ignore[index]
+    assert node_lost_since(untainted) == NOW - timedelta(seconds=70)
+    assert node_lost_since(node(ready=None)) is None
+    notices = NodeNotices(())
+    assert notices.put(tainted) and notices.lost_since_of(["n1", "n2"]) == {
+        "n1": NOW - timedelta(seconds=60)}
+    assert notices.put(node()) and notices.lost_since_of(["n1"]) == {}
+    # A pod created after the loss began is not the lost node's; one created before, or with
+    # no time said, is.
+    lost, since = {"n1": "taint x"}, {"n1": NOW}
+    assert lost_under(NOW + timedelta(seconds=1), "n1", lost, since) is None
+    assert lost_under(NOW - timedelta(seconds=1), "n1", lost, since) == "taint x"
+    assert lost_under(None, "n1", lost, since) == "taint x"
+    assert lost_under(NOW + timedelta(seconds=1), "n1", lost, {}) == "taint x"
+    assert lost_under(NOW, "n2", lost, since) is None
 
 
 def pod(*, on: str = "n1", deleting_until: datetime | None = None) -> WorkerPod:
