@@ -40,8 +40,13 @@ def render_event(job: Manifest, event: EventSpec, now: datetime) -> Manifest:
 
 
 def post_events(kube: Kube, job: Manifest, events: Iterable[EventSpec], now: datetime) -> None:
-    """Best effort: an event that cannot be posted must not fail the reconcile."""
+    """Best effort: an event that cannot be posted must not fail the reconcile. A Warning is
+    also logged: the operator's log then says why it counted and replaced what it did after
+    the job (and its Events) are gone."""
     for event in events:
+        if event.type == "Warning":
+            log.info("%s/%s: %s: %s", job["metadata"]["namespace"], job["metadata"]["name"],
+                     event.reason, event.message[:MAX_MESSAGE])
         try:
             kube.create(namespaced("v1", job["metadata"]["namespace"], "events"),
                         render_event(job, event, now))
