@@ -9,6 +9,7 @@ a notice the operator reads) keeps the scheduler off one node while a pod is cre
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -234,7 +235,10 @@ def node_back(t: TwoNodeJob, name: str) -> bool:
             taint.get("key", "").startswith("node.kubernetes.io/not-ready")
             for taint in node["spec"].get("taints") or ()):
         return False
-    lease = t.k.json("get", "lease", name, "-n", "kube-node-lease")["spec"]
+    done = t.k("get", "lease", name, "-n", "kube-node-lease", "-o", "json", check=False)
+    if done.returncode != 0:  # a node that just registered has none yet
+        return False
+    lease = json.loads(done.stdout)["spec"]
     renewed = datetime.fromisoformat(lease["renewTime"].replace("Z", "+00:00"))
     return (datetime.now(UTC) - renewed).total_seconds() < lease["leaseDurationSeconds"] / 4 + 1
 
