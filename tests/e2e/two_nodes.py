@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -183,26 +185,43 @@ def ended_after_heal(uid: str, pod: str, into: Path, timeout: float) -> float:
     `into`/<pod>-after-heal.txt: each change in which of them run (and in what state), and the
     last of the trainer's log as its node's runtime writes it (the log collector cannot follow
     a pod that the API has deleted), so a slow end says where it waited."""
-    start, last, lines, log = time.time(), None, [], ""
+    start, last, lines, log, stacks = time.time(), None, [], "", ""
     with contextlib.suppress(OSError):
         into.mkdir(parents=True, exist_ok=True)
 
     def seen() -> bool:
-        nonlocal last, log
+        nonlocal last, log, stacks
         pids = pod_processes(uid)
         now = sorted(_describe(pid) for pid in pids)
         if now != last:
             lines.append(f"+{time.time() - start:.1f} s: " + ("; ".join(now) or "none"))
             last = now
         log = _container_log(uid) or log
+        if pids and not stacks and time.time() - start > STACKS_AFTER_S:
+            stacks = f"+{time.time() - start:.1f} s:\n" + "\n".join(map(_stacks, pids))
         return not pids
 
     try:
         wait_for(f"{pod}'s processes ended", seen, timeout=timeout)
     finally:
         with contextlib.suppress(OSError):
-            (into / f"{pod}-after-heal.txt").write_text("\n".join(lines) + "\n--- log\n" + log)
+            (into / f"{pod}-after-heal.txt").write_text(
+                "\n".join(lines) + "\n--- log\n" + log + "\n--- stacks\n" + stacks)
     return time.time() - start
+
+
+# A dark pod still running this long after its heal has its threads' stacks dumped (py-spy,
+# from the host: where it waits).
+STACKS_AFTER_S = 20.0
+
+
+def _stacks(pid: int) -> str:
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return f"{pid}: no py-spy"
+    done = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    return done.stdout + done.stderr[-500:]
 
 
 def _describe(pid: int) -> str:
