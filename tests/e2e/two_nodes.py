@@ -212,7 +212,7 @@ def ended_after_heal(uid: str, pod: str, into: Path, timeout: float) -> float:
 
 # A dark pod still running this long after its heal has its threads' stacks dumped (py-spy,
 # from the host: where it waits).
-STACKS_AFTER_S = 20.0
+STACKS_AFTER_S = 5.0
 
 
 def _stacks(pid: int) -> str:
