@@ -64,7 +64,7 @@ class RestartFence:
         keeps its store's incarnation as its lineage, as before, and the next group tries
         again."""
         with self._lock:
-            store = self._connect()
+            store = self._store or self._connect()
             key = store.kv  # elastrain/restart/ of the job's store
             have = bytes(key.get(LINEAGE_KEY)).decode() if key.check([LINEAGE_KEY]) else ""
             if not have:
@@ -74,7 +74,8 @@ class RestartFence:
                 if have == candidate and line is not None and line[1] >= self.gen:
                     # This group is the store's first: its number follows the line's.
                     self.gen = int(key.add(m.GEN_KEY, line[1] + 1 - store.generation()))
-            self.lineage = have
+            # A client that answered: the fence's commits reuse it (as __call__ keeps its own).
+            self._store, self.lineage = store, have
             return self.lineage, self.gen
 
     def __call__(self) -> tuple[str, int]:
